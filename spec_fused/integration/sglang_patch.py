@@ -1,0 +1,338 @@
+"""Load the fused relay into SGLang at startup, through SGLang's own plugin entry point.
+
+``pip install spec_fused`` registers :func:`register` under ``sglang.srt.plugins``; SGLang's
+``load_plugins()`` calls it in the engine and in every scheduler process (each TP/DP rank).
+It patches, reversibly:
+
+* ``FutureMap.publish`` / ``resolve_seq_lens_cpu`` - the fused one-launch relay
+  (:mod:`spec_fused.relay`), variant chosen per FutureMap from :mod:`spec_fused.caps`;
+* ``FutureMap.resolve_mixed_spec_tails`` and the ``new_seq_lens_buf`` attribute - every
+  other reader lands a pending publish first, so it keeps seeing published values;
+* ``Scheduler._war_barrier_enabled`` - upstream's platform gate AND the algorithm's
+  ``needs_war_barrier`` capability, patched when ``sglang.srt.managers.scheduler`` is (or
+  gets) imported, never by importing it.
+
+``SPEC_FUSED_DISABLE=1`` (or leaving ``spec_fused`` out of ``SGLANG_PLUGINS``) keeps SGLang
+exactly as shipped: the A side of every A/B. Anything unrecognised - version, class,
+method signature - makes :func:`apply` raise :class:`UnsupportedSGLangError` having
+patched nothing, and :func:`register` log that in one line and leave SGLang as it is.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from spec_fused import relay as _relay
+from spec_fused.caps import caps_for, establish
+from spec_fused.integration.hooks import PatchSet
+
+logger = logging.getLogger("spec_fused")
+
+PLUGIN_NAME = "spec_fused"
+ENV_DISABLE = "SPEC_FUSED_DISABLE"
+ENV_ALLOW_UNTESTED = "SPEC_FUSED_ALLOW_UNTESTED"
+OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
+SCHEDULER = "sglang.srt.managers.scheduler"
+# FutureMap/Scheduler relay API: shared-path since 0.5.15 (PR #29232), checked up to 0.5.23.
+SUPPORTED_VERSIONS = ((0, 5, 15), (0, 5, 23))
+
+__all__ = ["PatchReport", "UnsupportedSGLangError", "apply", "is_applied", "register",
+           "remove", "check_supported"]
+
+
+class UnsupportedSGLangError(RuntimeError):
+    """The installed SGLang is not one spec_fused knows how to patch; nothing was patched."""
+
+
+@dataclass
+class PatchReport:
+    applied: bool
+    sglang_version: Optional[str]
+    patched: list = field(default_factory=list)
+    deferred: list = field(default_factory=list)  # patched when their module is imported
+    reason: str = ""
+
+
+_patches: Optional[PatchSet] = None
+_report: Optional[PatchReport] = None
+
+
+def _parse_version(text: str) -> tuple:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def _sglang_version() -> Optional[str]:
+    try:
+        from importlib.metadata import version
+
+        return version("sglang")
+    except Exception:
+        try:
+            import sglang
+
+            return getattr(sglang, "__version__", None)
+        except Exception:
+            return None
+
+
+def _require_params(version, owner, name, params):
+    fn = owner.__dict__.get(name)
+    if fn is None or not callable(fn):
+        raise UnsupportedSGLangError(
+            f"SGLang {version}: {owner.__name__}.{name} is missing; spec_fused supports the "
+            f"FutureMap API of SGLang {_range_text()}")
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedSGLangError(
+            f"SGLang {version}: cannot read the signature of {owner.__name__}.{name}") from exc
+    if names[: len(params)] != list(params):
+        raise UnsupportedSGLangError(
+            f"SGLang {version}: {owner.__name__}.{name}{tuple(names)} does not start with "
+            f"{tuple(params)}; spec_fused supports the API of SGLang {_range_text()}")
+    return names
+
+
+def _range_text() -> str:
+    lo, hi = SUPPORTED_VERSIONS
+    return f"{'.'.join(map(str, lo))} to {'.'.join(map(str, hi))}"
+
+
+def check_supported(overlap_utils=None) -> str:
+    """Return the SGLang version if spec_fused can patch it, else raise
+    :class:`UnsupportedSGLangError` naming the version and what is missing."""
+    version = _sglang_version()
+    if version is None:
+        raise UnsupportedSGLangError("SGLang is not installed")
+    parsed = _parse_version(version)
+    lo, hi = SUPPORTED_VERSIONS
+    if len(parsed) < 3 or not lo <= parsed <= hi:
+        if not (len(parsed) == 3 and parsed > hi and os.environ.get(ENV_ALLOW_UNTESTED) == "1"):
+            raise UnsupportedSGLangError(
+                f"SGLang {version} is outside the versions spec_fused supports "
+                f"({_range_text()}); set {ENV_ALLOW_UNTESTED}=1 to try a newer one")
+    if overlap_utils is None:
+        try:
+            import importlib
+
+            overlap_utils = importlib.import_module(OVERLAP_UTILS)
+        except Exception as exc:
+            raise UnsupportedSGLangError(
+                f"SGLang {version}: cannot import {OVERLAP_UTILS} ({type(exc).__name__}: {exc})"
+            ) from exc
+    future_map = getattr(overlap_utils, "FutureMap", None)
+    if not isinstance(future_map, type):
+        raise UnsupportedSGLangError(f"SGLang {version}: {OVERLAP_UTILS}.FutureMap is missing")
+    _require_params(version, future_map, "publish", ("self", "future_indices", "new_seq_lens"))
+    _require_params(version, future_map, "resolve_seq_lens_cpu", ("self", "batch"))
+    if "resolve_mixed_spec_tails" in future_map.__dict__:
+        _require_params(version, future_map, "resolve_mixed_spec_tails", ("self", "batch"))
+    init_src = inspect.getsource(future_map.__init__)
+    for attr in ("new_seq_lens_buf", "needs_cpu_seq_lens", "publish_ready"):
+        if attr not in init_src:
+            raise UnsupportedSGLangError(
+                f"SGLang {version}: FutureMap.__init__ no longer sets {attr!r}")
+    return version
+
+
+# ---------------------------------------------------------------------------- hooks
+
+
+_PASSTHROUGH = (AssertionError,)  # SGLang's own debug checks must surface as they do upstream
+
+
+def _on_failure(fm, relay, exc, what):
+    from spec_fused.kernels.publish_gather import PoisonedSlotError, StaleHostMirrorError
+
+    if isinstance(exc, (PoisonedSlotError, StaleHostMirrorError, *_PASSTHROUGH)):
+        raise exc
+    _relay.log_once(("fallback", what, type(exc).__name__),
+                    "fused %s failed (%s: %s); SGLang's own relay takes over this FutureMap",
+                    what, type(exc).__name__, exc)
+    _relay.disable(relay, f"{what}: {exc}")
+
+
+def _publish_hook(original, self, future_indices, new_seq_lens, *args, **kwargs):
+    relay = _relay.relay_for(self)
+    if relay is None or future_indices.shape[0] == 0 or args or \
+            kwargs.get("confidence") is not None:
+        if relay is not None:
+            relay.flush()  # keep publish order when SGLang's path writes the buffer
+        return original(self, future_indices, new_seq_lens, *args, **kwargs)
+    try:
+        relay.publish(self, future_indices, new_seq_lens)
+    except Exception as exc:
+        _on_failure(self, relay, exc, "publish")
+        return original(self, future_indices, new_seq_lens, **kwargs)
+
+
+def _resolve_hook(original, self, batch, *args, **kwargs):
+    relay = _relay.relay_for(self)
+    if relay is None:
+        return original(self, batch, *args, **kwargs)
+    stream_ordered = bool(args[0]) if args else bool(kwargs.get("stream_ordered", False))
+    try:
+        relay.resolve(self, batch, stream_ordered)
+    except Exception as exc:
+        _on_failure(self, relay, exc, "resolve")
+        return original(self, batch, *args, **kwargs)
+
+
+def _mixed_tails_hook(original, self, batch, *args, **kwargs):
+    _relay.read_buffer(self)  # land the pending publish; upstream then reads the buffer
+    return original(self, batch, *args, **kwargs)
+
+
+def _buffer_property():
+    def getter(self):
+        return _relay.read_buffer(self)
+
+    def setter(self, value):
+        self.__dict__[_relay.BUF_ATTR] = value
+        relay = self.__dict__.get(_relay.RELAY_ATTR)
+        if relay is not None:
+            relay.rebind(value)
+
+    return property(getter, setter, doc="FutureMap.new_seq_lens_buf; a pending fused publish "
+                                        "lands before anyone outside the relay reads it")
+
+
+def _scheduler_caps(sched):
+    future_map = getattr(sched, "future_map", None)
+    backends = None
+    if future_map is not None and hasattr(future_map, "needs_cpu_seq_lens"):
+        backends = [_relay._BackendsDecision(bool(future_map.needs_cpu_seq_lens))]
+    caps = establish(caps_for(sched.spec_algorithm, worker=getattr(sched, "draft_worker", None),
+                              attn_backends=backends), sched.spec_algorithm)
+    if future_map is not None:
+        future_map.__dict__[_relay.CAPS_ATTR] = caps
+    return caps
+
+
+def _war_barrier_property():
+    """``Scheduler._war_barrier_enabled`` = upstream's platform gate (set by
+    ``run_event_loop``: CUDA or SGLANG_ENABLE_WAR_BARRIER) AND the algorithm's need."""
+    key = "_spec_fused_war_barrier"
+
+    def getter(self):
+        d = self.__dict__
+        if key in d:
+            return d[key]
+        if "_war_barrier_enabled" in d:
+            return d["_war_barrier_enabled"]
+        raise AttributeError("_war_barrier_enabled")
+
+    def setter(self, platform_gate):
+        self.__dict__["_war_barrier_enabled"] = platform_gate
+        try:
+            caps = _scheduler_caps(self)
+        except Exception as exc:
+            _relay.log_once(("war-caps", type(exc).__name__),
+                            "no capabilities for the WAR barrier decision (%s); keeping "
+                            "SGLang's", str(exc).strip('"'))
+            self.__dict__.pop(key, None)
+            return
+        self.__dict__[key] = bool(platform_gate) and caps.needs_war_barrier
+        if platform_gate and not caps.needs_war_barrier:
+            _relay.log_once(("war-off", str(self.spec_algorithm)),
+                            "WAR barrier off for %s (%s)",
+                            getattr(self.spec_algorithm, "name", self.spec_algorithm),
+                            caps.reason, level=logging.INFO)
+
+    return property(getter, setter)
+
+
+def _patch_scheduler(patches: PatchSet, module) -> None:
+    scheduler = getattr(module, "Scheduler", None)
+    if not isinstance(scheduler, type) or "_apply_war_barrier" not in scheduler.__dict__:
+        _relay.log_once("no-war", "%s.Scheduler has no _apply_war_barrier; the WAR barrier "
+                        "stays as SGLang decides it", SCHEDULER)
+        return
+    src = inspect.getsource(scheduler._apply_war_barrier)
+    if "_war_barrier_enabled" not in src:
+        _relay.log_once("war-src", "Scheduler._apply_war_barrier does not read "
+                        "_war_barrier_enabled; the WAR barrier stays as SGLang decides it")
+        return
+    patches.set_attr(scheduler, "_war_barrier_enabled", _war_barrier_property())
+
+
+# ---------------------------------------------------------------------------- public API
+
+
+def is_applied() -> bool:
+    return _patches is not None
+
+
+def apply() -> PatchReport:
+    """Patch SGLang (idempotent). Raises :class:`UnsupportedSGLangError`, patching nothing,
+    on an SGLang it does not recognise. With ``SPEC_FUSED_DISABLE=1`` patches nothing."""
+    global _patches, _report
+    if _patches is not None:
+        return _report
+    if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
+        return PatchReport(False, _sglang_version(), reason=f"{ENV_DISABLE}=1")
+    import importlib
+
+    version = check_supported()
+    overlap_utils = importlib.import_module(OVERLAP_UTILS)
+    future_map = overlap_utils.FutureMap
+    patches = PatchSet(PLUGIN_NAME)
+    report = PatchReport(True, version)
+    try:
+        patches.around(future_map, "publish", _publish_hook)
+        patches.around(future_map, "resolve_seq_lens_cpu", _resolve_hook)
+        if "resolve_mixed_spec_tails" in future_map.__dict__:
+            patches.around(future_map, "resolve_mixed_spec_tails", _mixed_tails_hook)
+        patches.set_attr(future_map, _relay.BUF_ATTR, _buffer_property())
+        report.patched = list(patches.targets)
+        import sys
+
+        if SCHEDULER not in sys.modules:
+            report.deferred.append(f"{SCHEDULER}.Scheduler._war_barrier_enabled")
+        patches.after_import(SCHEDULER, lambda module: _patch_scheduler(patches, module))
+        if SCHEDULER in sys.modules:
+            report.patched = list(patches.targets)
+    except Exception:
+        patches.undo()
+        raise
+    _patches, _report = patches, report
+    logger.info("spec_fused: patched SGLang %s (%s)", version, ", ".join(report.patched))
+    return report
+
+
+def remove() -> None:
+    """Restore every patched original exactly (pending publishes land first)."""
+    global _patches, _report
+    if _patches is None:
+        return
+    _relay.flush_all()
+    _patches.undo()
+    _patches = _report = None
+
+
+def register() -> None:
+    """The ``sglang.srt.plugins`` entry point: apply, or say in one line why not."""
+    if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
+        logger.info("spec_fused: disabled by %s=1; SGLang runs its own relay", ENV_DISABLE)
+        return
+    try:
+        report = apply()
+    except UnsupportedSGLangError as exc:
+        logger.warning("spec_fused: not loaded: %s. SGLang runs its own relay.", exc)
+        return
+    except Exception as exc:  # never take the server down
+        logger.warning("spec_fused: not loaded (%s: %s). SGLang runs its own relay.",
+                       type(exc).__name__, exc)
+        return
+    if report.deferred:
+        logger.info("spec_fused: will patch on import: %s", ", ".join(report.deferred))

@@ -1,0 +1,534 @@
+"""One launch for the FutureMap relay: publish step N's lengths, gather step N+1's, sum them.
+
+Why fused: upstream SGLang spends a scatter (plus a dtype cast), an event, a gather, a
+D2H copy of the *whole* ``new_seq_lens_buf`` pool, a blocking synchronize and a host
+index + sum on every speculative decode step (``FutureMap.publish`` and
+``FutureMap.resolve_seq_lens_cpu``). All of it touches at most ``m + n`` int64 values, so
+the cost is pure launch and sync overhead. This module does the scatter, the gather, the
+sum and (optionally) the host mirror in ONE Triton program: the publish happens-before the
+gather inside the launch (``tl.debug_barrier``), the sum is a register reduction, and the
+host mirror is ``n + 1`` values stored straight into pinned memory by the same program.
+
+Layout follows SGLang's ``gather_spec_extras``: one kernel, one wrapper, a torch reference
+with the same semantics, and a stateful :class:`PublishGather` that owns preallocated
+outputs so the launch allocates nothing and can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+try:  # Triton is optional: without it every device gets the reference.
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover - exercised by the fallback-ladder tests
+    triton = None
+    tl = None
+
+__all__ = [
+    "PublishGather",
+    "StaleHostMirrorError",
+    "PublishGatherResult",
+    "PoisonedSlotError",
+    "backend_for",
+    "publish_gather",
+    "publish_gather_reference",
+]
+
+# One program handles batches up to this size in a single unrolled block (the usual
+# decode case); larger batches loop inside the same program, which is still one launch.
+SINGLE_BLOCK_MAX = 1024
+# Marker the kernel leaves in the error flag when nothing went wrong.
+_NO_ERROR = -1
+
+
+class PoisonedSlotError(RuntimeError):
+    """A gathered slot held a consumed (negative) value: it was never re-published."""
+
+    def __init__(self, slot: int):
+        super().__init__(
+            f"publish_gather: slot {slot} was gathered but holds a consumed/unpublished "
+            f"value (consume-once check, as SGLang's _DEBUG_ASSERT)"
+        )
+        self.slot = slot
+
+
+class StaleHostMirrorError(RuntimeError):
+    """The host mirror holds another launch's lengths than the one being read."""
+
+
+@dataclass
+class PublishGatherResult:
+    seq_lens: torch.Tensor  # (n,) buf.dtype on buf.device
+    seq_lens_sum: torch.Tensor  # 0-d int64 on buf.device
+    # Sticky error flag the poison check writes (slot index, or -1): None unless poison.
+    error_flag: Optional[torch.Tensor] = None
+    # PublishGather only: the host mirror view [*lens, sum, stamp] and its expected stamp.
+    host: Optional[torch.Tensor] = None
+    stamp: Optional[int] = None
+
+    def raise_if_poisoned(self) -> None:
+        """Raise :class:`PoisonedSlotError` if the consume-once check tripped.
+
+        Reads the flag without a device sync when it lives in host memory (CPU, or a
+        pinned zero-copy flag on CUDA); call it after the stream has been synchronized."""
+        _raise_if_flagged(self.error_flag)
+
+
+def _raise_if_flagged(flag: Optional[torch.Tensor]) -> None:
+    if flag is None:
+        return
+    slot = int(flag[0])
+    if slot != _NO_ERROR:
+        flag[0] = _NO_ERROR
+        raise PoisonedSlotError(slot)
+
+
+# --------------------------------------------------------------------------- kernel
+
+if triton is not None:
+
+    # Lengths and the stamp change every step: specializing on them would recompile.
+    @triton.jit(do_not_specialize=["pool_size", "m", "n", "stamp"])
+    def _publish_gather_kernel(
+        buf_ptr,
+        pool_size,
+        pub_idx_ptr,
+        pub_idx_stride,
+        pub_val_ptr,
+        pub_val_stride,
+        m,
+        gat_idx_ptr,
+        gat_idx_stride,
+        n,
+        out_ptr,
+        out_sum_ptr,
+        host_ptr,
+        err_ptr,
+        stamp,
+        HAS_HOST: tl.constexpr,
+        HAS_STAMP: tl.constexpr,
+        POISON: tl.constexpr,
+        BLOCK: tl.constexpr,
+        SINGLE_BLOCK: tl.constexpr,
+    ):
+        lanes = tl.arange(0, BLOCK)
+        # 1) publish: buf[pub_idx] = pub_val (cast to int64 in registers).
+        if SINGLE_BLOCK:
+            mask = lanes < m
+            idx = tl.load(pub_idx_ptr + lanes * pub_idx_stride, mask=mask, other=0)
+            val = tl.load(pub_val_ptr + lanes * pub_val_stride, mask=mask, other=0)
+            tl.store(buf_ptr + idx.to(tl.int64), val.to(tl.int64), mask=mask)
+        else:
+            for start in range(0, m, BLOCK):
+                offs = start + lanes
+                mask = offs < m
+                idx = tl.load(pub_idx_ptr + offs * pub_idx_stride, mask=mask, other=0)
+                val = tl.load(pub_val_ptr + offs * pub_val_stride, mask=mask, other=0)
+                tl.store(buf_ptr + idx.to(tl.int64), val.to(tl.int64), mask=mask)
+        # Publish happens-before gather: every lane's store is visible to every lane.
+        tl.debug_barrier()
+
+        # 2) gather + sum (+ host mirror, + consume-once check).
+        acc = tl.zeros([BLOCK], dtype=tl.int64)
+        if SINGLE_BLOCK:
+            mask = lanes < n
+            idx = tl.load(gat_idx_ptr + lanes * gat_idx_stride, mask=mask, other=0)
+            idx = idx.to(tl.int64)
+            v = tl.load(buf_ptr + idx, mask=mask, other=0)
+            tl.store(out_ptr + lanes, v, mask=mask)
+            if HAS_HOST:
+                tl.store(host_ptr + lanes, v, mask=mask)
+            acc += v
+            if POISON:
+                tl.store(err_ptr + lanes * 0, idx, mask=mask & (v < 0))
+        else:
+            for start in range(0, n, BLOCK):
+                offs = start + lanes
+                mask = offs < n
+                idx = tl.load(gat_idx_ptr + offs * gat_idx_stride, mask=mask, other=0)
+                idx = idx.to(tl.int64)
+                v = tl.load(buf_ptr + idx, mask=mask, other=0)
+                tl.store(out_ptr + offs, v, mask=mask)
+                if HAS_HOST:
+                    tl.store(host_ptr + offs, v, mask=mask)
+                acc += v
+                if POISON:
+                    tl.store(err_ptr + offs * 0, idx, mask=mask & (v < 0))
+        total = tl.sum(acc, axis=0)
+        tl.store(out_sum_ptr, total)
+        if HAS_HOST:
+            tl.store(host_ptr + n, total)
+            if HAS_STAMP:  # last store: says which launch wrote this host mirror
+                tl.store(host_ptr + n + 1, stamp.to(tl.int64))
+
+        # 3) consume-once poison, after every lane has read (duplicates read the value).
+        if POISON:
+            tl.debug_barrier()
+            for start in range(0, n, BLOCK):
+                offs = start + lanes
+                mask = offs < n
+                idx = tl.load(gat_idx_ptr + offs * gat_idx_stride, mask=mask, other=0)
+                tl.store(buf_ptr + idx.to(tl.int64), tl.full([BLOCK], -1, tl.int64), mask=mask)
+
+    _IS_INTERPRETED = type(_publish_gather_kernel).__name__ == "InterpretedFunction"
+else:  # pragma: no cover
+    _publish_gather_kernel = None
+    _IS_INTERPRETED = False
+
+
+def backend_for(device) -> str:
+    """Which implementation ``publish_gather`` uses on ``device``.
+
+    ``"triton"`` (compiled, CUDA/ROCm), ``"interpreter"`` (CPU tensors under
+    ``TRITON_INTERPRET=1`` set before Triton was imported) or ``"reference"`` (plain torch:
+    no Triton, or a device Triton cannot drive here, e.g. MPS, NPU, XPU, or CPU without the
+    interpreter). ``SPEC_FUSED_FORCE_REFERENCE=1`` forces the reference everywhere."""
+    device = torch.device(device)
+    if _publish_gather_kernel is None or os.environ.get("SPEC_FUSED_FORCE_REFERENCE") == "1":
+        return "reference"
+    if _IS_INTERPRETED:
+        return "interpreter" if device.type == "cpu" else "reference"
+    if device.type == "cuda":
+        return "triton"
+    return "reference"
+
+
+def _launch_config(n: int, m: int):
+    longest = max(n, m, 1)
+    if longest <= SINGLE_BLOCK_MAX:
+        block = max(16, triton.next_power_of_2(longest))
+        return block, True, 4 if block <= 512 else 8
+    return 1024, False, 8
+
+
+def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
+            err, poison, stamp=None):
+    n = gather_indices.shape[0]
+    m = 0 if publish_indices is None else publish_indices.shape[0]
+    if m == 0:  # any valid pointer will do; the masks keep it untouched
+        publish_indices = publish_values = gather_indices
+    block, single, num_warps = _launch_config(n, m)
+    _publish_gather_kernel[(1,)](
+        buf,
+        buf.shape[0],
+        publish_indices,
+        publish_indices.stride(0) if m else 0,
+        publish_values,
+        publish_values.stride(0) if m else 0,
+        m,
+        gather_indices,
+        gather_indices.stride(0),
+        n,
+        out,
+        out_sum,
+        host_out if host_out is not None else out,
+        err if err is not None else out,
+        0 if stamp is None else stamp,
+        HAS_HOST=host_out is not None,
+        HAS_STAMP=stamp is not None,
+        POISON=bool(poison),
+        BLOCK=block,
+        SINGLE_BLOCK=single,
+        num_warps=num_warps,
+    )
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def _reference_impl(buf, gather_indices, publish_indices, publish_values, out, out_sum,
+                    host_out, err, poison, stamp=None):
+    if publish_indices is not None and publish_indices.shape[0]:
+        buf[publish_indices.long()] = publish_values.to(buf.dtype)
+    gathered = buf[gather_indices.long()]
+    if poison and gathered.numel() and bool((gathered < 0).any()):
+        bad = int(gather_indices[(gathered < 0).nonzero()[0, 0]])
+        if err is not None:
+            err[0] = bad
+    out.copy_(gathered)
+    out_sum.copy_(gathered.sum().reshape(out_sum.shape))
+    if host_out is not None:
+        host_out[: gathered.shape[0]].copy_(gathered)
+        host_out[gathered.shape[0]] = out_sum.reshape(())
+        if stamp is not None:
+            host_out[gathered.shape[0] + 1] = stamp
+    if poison and gathered.numel():
+        buf[gather_indices.long()] = -1
+
+
+# --------------------------------------------------------------------------- validation
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _is_integer(t: torch.Tensor) -> bool:
+    return not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool
+
+
+def _check_1d(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+
+
+def _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
+              deep: bool):
+    """Raise before anything is written. ``deep`` adds the value checks (range, duplicate
+    publish slots) that need the index values on the host: free on CPU, a sync on GPU."""
+    _check_1d("buf", buf)
+    if buf.dtype != torch.int64:
+        raise TypeError(f"buf must be int64, got {buf.dtype}")
+    if not buf.is_contiguous():
+        raise ValueError("buf must be contiguous (it is written in place)")
+    _check_1d("gather_indices", gather_indices)
+    if gather_indices.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"gather_indices must be int32 or int64, got {gather_indices.dtype}")
+    if gather_indices.device != buf.device:
+        raise ValueError(
+            f"gather_indices is on {gather_indices.device}, buf on {buf.device}")
+    if (publish_indices is None) != (publish_values is None):
+        raise ValueError("publish_indices and publish_values must be given together")
+    if publish_indices is not None:
+        _check_1d("publish_indices", publish_indices)
+        _check_1d("publish_values", publish_values)
+        if publish_indices.dtype not in _INDEX_DTYPES:
+            raise TypeError(
+                f"publish_indices must be int32 or int64, got {publish_indices.dtype}")
+        if not _is_integer(publish_values):
+            raise TypeError(f"publish_values must be an integer tensor, got {publish_values.dtype}")
+        for name, t in (("publish_indices", publish_indices), ("publish_values", publish_values)):
+            if t.device != buf.device:
+                raise ValueError(f"{name} is on {t.device}, buf on {buf.device}")
+        if publish_indices.shape[0] != publish_values.shape[0]:
+            raise ValueError(
+                f"publish_indices has {publish_indices.shape[0]} entries but publish_values "
+                f"has {publish_values.shape[0]}")
+    n = gather_indices.shape[0]
+    if out is not None:
+        _check_1d("out", out)
+        if out.shape[0] != n or out.dtype != buf.dtype or out.device != buf.device:
+            raise ValueError(
+                f"out must be ({n},) {buf.dtype} on {buf.device}, got {tuple(out.shape)} "
+                f"{out.dtype} on {out.device}")
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous")
+    if out_sum is not None:
+        if not isinstance(out_sum, torch.Tensor):
+            raise TypeError("out_sum must be a torch.Tensor")
+        if out_sum.numel() != 1 or out_sum.dim() > 1 or out_sum.dtype != torch.int64 \
+                or out_sum.device != buf.device:
+            raise ValueError(
+                f"out_sum must be a 0-d or (1,) int64 tensor on {buf.device}, got "
+                f"{tuple(out_sum.shape)} {out_sum.dtype} on {out_sum.device}")
+    if host_out is not None:
+        _check_1d("host_out", host_out)
+        if host_out.shape[0] != n + 1 or host_out.dtype != torch.int64 \
+                or host_out.device.type != "cpu" or not host_out.is_contiguous():
+            raise ValueError(
+                f"host_out must be a contiguous ({n + 1},) int64 CPU tensor (lens then sum), "
+                f"got {tuple(host_out.shape)} {host_out.dtype} on {host_out.device}")
+        if buf.device.type == "cuda" and not host_out.is_pinned():
+            raise ValueError("host_out must be pinned memory when buf is on CUDA")
+    if deep:
+        pool = buf.shape[0]
+        _check_range("gather_indices", gather_indices, pool)
+        if publish_indices is not None and publish_indices.shape[0]:
+            _check_range("publish_indices", publish_indices, pool)
+            if torch.unique(publish_indices).shape[0] != publish_indices.shape[0]:
+                vals, counts = torch.unique(publish_indices, return_counts=True)
+                dup = int(vals[counts > 1][0])
+                raise ValueError(f"publish_indices has duplicate slot {dup}")
+
+
+def _check_range(name, idx, pool):
+    if idx.numel() == 0:
+        return
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= pool:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{name} has slot {bad} outside the pool [0, {pool})")
+
+
+# --------------------------------------------------------------------------- custom op
+
+
+@torch.library.custom_op(
+    "spec_fused::publish_gather",
+    mutates_args=("buf", "out", "out_sum", "host_out", "error_flag"),
+)
+def _publish_gather_op(
+    buf: torch.Tensor,
+    gather_indices: torch.Tensor,
+    publish_indices: Optional[torch.Tensor],
+    publish_values: Optional[torch.Tensor],
+    out: torch.Tensor,
+    out_sum: torch.Tensor,
+    host_out: Optional[torch.Tensor],
+    error_flag: Optional[torch.Tensor],
+    poison: bool,
+) -> None:
+    impl = _launch if backend_for(buf.device) != "reference" else _reference_impl
+    impl(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
+         error_flag, poison)
+
+
+@_publish_gather_op.register_fake
+def _(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
+      error_flag, poison):
+    return None
+
+
+def _run(impl, buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
+         poison, validate):
+    deep = validate or poison or buf.device.type == "cpu"
+    _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
+              deep)
+    n = gather_indices.shape[0]
+    m = 0 if publish_indices is None else publish_indices.shape[0]
+    if out is None:
+        out = torch.empty((n,), dtype=buf.dtype, device=buf.device)
+    if out_sum is None:
+        out_sum = torch.empty((), dtype=torch.int64, device=buf.device)
+    if n == 0 and m == 0:  # DP-idle batch: nothing to do, no launch
+        out_sum.zero_()
+        if host_out is not None:
+            host_out[0] = 0
+        return PublishGatherResult(out, out_sum.reshape(()))
+    flag = None
+    if poison:
+        flag = torch.full((1,), _NO_ERROR, dtype=torch.int64,
+                          pin_memory=buf.device.type == "cuda")
+        if buf.device.type != "cuda":
+            flag = flag.to(buf.device)
+    impl(buf, gather_indices, publish_indices if m else None, publish_values if m else None,
+         out, out_sum, host_out, flag, poison)
+    result = PublishGatherResult(out, out_sum.reshape(()), flag)
+    if poison and flag.device.type == "cpu" and buf.device.type == "cpu":
+        result.raise_if_poisoned()  # free on CPU: raise at once, naming the slot
+    return result
+
+
+def publish_gather(buf, gather_indices, publish_indices=None, publish_values=None, *,
+                   out=None, out_sum=None, host_out=None, poison=False, validate=False):
+    """``buf[publish_indices] = publish_values``, then ``seq_lens = buf[gather_indices]``
+    and ``seq_lens_sum = seq_lens.sum()`` (and ``host_out = [*seq_lens, sum]``): one launch.
+
+    Bad input raises ``TypeError``/``ValueError`` naming the argument before anything is
+    written. Range and duplicate-slot checks run always on CPU, and on GPU under
+    ``poison=True`` or ``validate=True`` (they cost a device sync there). ``poison=True``
+    is SGLang's consume-once debug check: gathered rows become -1, and gathering a negative
+    row raises :class:`PoisonedSlotError` (at once on CPU; on GPU via
+    ``result.raise_if_poisoned()`` after a sync)."""
+    return _run(lambda *a: _publish_gather_op(*a), buf, gather_indices, publish_indices,
+                publish_values, out, out_sum, host_out, poison, validate)
+
+
+def publish_gather_reference(buf, gather_indices, publish_indices=None, publish_values=None,
+                             *, out=None, out_sum=None, host_out=None, poison=False,
+                             validate=False):
+    """Plain-torch twin of :func:`publish_gather`: same arguments, checks and results."""
+    return _run(_reference_impl, buf, gather_indices, publish_indices, publish_values, out,
+                out_sum, host_out, poison, validate)
+
+
+# --------------------------------------------------------------------------- stateful launcher
+
+
+class PublishGather:
+    """The relay's launcher: bound to one relay buffer, it owns the scratch the launch
+    writes so a step allocates at most its ``(n,)`` result (nothing with ``static_out``,
+    which is what CUDA-graph capture needs).
+
+    The host mirror is double-buffered and stamped: launch ``k`` writes
+    ``[*lens, sum, k]`` into ring slot ``k % 2`` (pinned, zero-copy on CUDA), so the
+    launch for step ``k + 1`` never overwrites the slot the host is still reading, and
+    :meth:`read_host` refuses (debug) or waits for (release) a slot whose stamp is not the
+    one it expects: it never returns an older step's lengths."""
+
+    RING = 2
+
+    def __init__(self, buf: torch.Tensor, *, max_batch: Optional[int] = None,
+                 static_out: bool = False, poison: bool = False, validate: bool = False,
+                 debug: bool = False, backend: Optional[str] = None):
+        _validate(buf, buf[:0].long(), None, None, None, None, None, deep=False)
+        self.buf = buf
+        self.max_batch = int(buf.shape[0] if max_batch is None else max_batch)
+        self.poison = poison
+        self.validate = validate
+        self.debug = debug
+        self.backend = backend or backend_for(buf.device)
+        self._on_cuda = buf.device.type == "cuda"
+        self._static_out = (torch.empty((self.max_batch,), dtype=buf.dtype, device=buf.device)
+                            if static_out else None)
+        self._out_sum = torch.empty((), dtype=torch.int64, device=buf.device)
+        self._host_ring: Optional[torch.Tensor] = None
+        self._flag = None
+        if poison:
+            self._flag = torch.full((1,), _NO_ERROR, dtype=torch.int64, pin_memory=self._on_cuda)
+            if not self._on_cuda:
+                self._flag = self._flag.to(buf.device)
+        self.step = 0
+
+    def _host_slot(self, step: int, n: int) -> torch.Tensor:
+        if self._host_ring is None:
+            self._host_ring = torch.full((self.RING, self.max_batch + 2), -1,
+                                         dtype=torch.int64, pin_memory=self._on_cuda)
+        return self._host_ring[step % self.RING, : n + 2]
+
+    def __call__(self, gather_indices, publish_indices=None, publish_values=None, *,
+                 host: bool = False) -> PublishGatherResult:
+        n = gather_indices.shape[0]
+        if n > self.max_batch:
+            raise ValueError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
+        deep = self.validate or self.poison or not self._on_cuda
+        _validate(self.buf, gather_indices, publish_indices, publish_values, None, None, None,
+                  deep)
+        _raise_if_flagged(self._flag)  # a previous launch's consume-once failure
+        m = 0 if publish_indices is None else publish_indices.shape[0]
+        out = (self._static_out[:n] if self._static_out is not None
+               else torch.empty((n,), dtype=self.buf.dtype, device=self.buf.device))
+        step = self.step
+        self.step += 1
+        host_view = self._host_slot(step, n) if host else None
+        if n == 0 and m == 0:
+            self._out_sum.zero_()
+            if host_view is not None:
+                host_view[0], host_view[1] = 0, step
+            return PublishGatherResult(out, self._out_sum, self._flag, host_view, step)
+        impl = _reference_impl if self.backend == "reference" else _launch
+        impl(self.buf, gather_indices, publish_indices if m else None,
+             publish_values if m else None, out, self._out_sum, host_view, self._flag,
+             self.poison, step if host else None)
+        result = PublishGatherResult(out, self._out_sum, self._flag, host_view, step)
+        if self.poison and not self._on_cuda:
+            result.raise_if_poisoned()
+        return result
+
+    def read_host(self, result: PublishGatherResult, wait=None):
+        """``(seq_lens_cpu, seq_lens_sum)`` from the launch that produced ``result``.
+
+        Call once that launch has completed (``wait`` is how to wait for it). The lengths
+        are copied out of the ring, so the caller owns them for as long as it likes."""
+        if result.host is None:
+            raise ValueError("this launch was made with host=False: it has no host mirror")
+        n = result.host.shape[0] - 2
+        stamp = int(result.host[n + 1])
+        if stamp != result.stamp:
+            if self.debug or wait is None:
+                raise StaleHostMirrorError(
+                    f"host mirror slot holds step {stamp}, expected step {result.stamp}")
+            wait()
+            stamp = int(result.host[n + 1])
+            if stamp != result.stamp:
+                raise StaleHostMirrorError(
+                    f"host mirror slot holds step {stamp} after waiting, expected "
+                    f"step {result.stamp}")
+        if self.poison:
+            _raise_if_flagged(self._flag)
+        return result.host[:n].clone(), int(result.host[n])

@@ -1,0 +1,296 @@
+"""The fused length relay that stands in for ``FutureMap.publish`` + ``resolve_seq_lens_cpu``.
+
+Upstream publishes step N's lengths with a scatter on the forward stream and resolves
+step N+1's with an event wait, a gather, a D2H copy of the whole pool, a blocking
+synchronize and a host sum. Here ``publish`` only remembers *what* to write (and records
+the same ``publish_ready`` event upstream records), and ``resolve`` issues ONE launch
+that publishes, gathers, sums and, when the step needs exact host lengths, writes
+``bs + 1`` values into a stamped pinned host mirror. Two variants, chosen from
+:mod:`spec_fused.caps`:
+
+* ``barrier_free`` - the launch is queued on the stream that published (stream order is
+  the fence), the host never waits and never copies; host lengths are left ``None`` for
+  workers that plan with their own reserved bound (DFLASH's ``nxt_kv_lens_cpu``).
+* ``war_guarded`` - the launch runs on a private stream gated on ``publish_ready``; the
+  host waits for that launch only (not the forward, not a pool-sized copy) and reads exact
+  ``seq_lens_cpu`` / ``seq_lens_sum``.
+
+A publish that is still pending when anything else reads ``new_seq_lens_buf`` is flushed
+first (see :func:`read_buffer`), so every upstream reader keeps seeing published values.
+Every failure walks down a ladder - Triton kernel -> torch reference -> SGLang's own
+method - logging each reason once, so a request never sees a wrong length.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from typing import Optional
+
+import torch
+
+from spec_fused.caps import SpecCaps, caps_for, establish, select_variant
+from spec_fused.kernels.publish_gather import PublishGather, backend_for
+
+logger = logging.getLogger("spec_fused")
+
+RELAY_ATTR = "_spec_fused_relay"
+CAPS_ATTR = "_spec_fused_caps"  # set by the scheduler patch, which knows worker + backends
+BUF_ATTR = "new_seq_lens_buf"
+
+_logged: set = set()
+_live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()
+
+
+def log_once(key, msg, *args, level=logging.WARNING) -> None:
+    if key in _logged:
+        return
+    _logged.add(key)
+    logger.log(level, "spec_fused: " + msg, *args)
+
+
+def debug_enabled() -> bool:
+    """SGLang's own CI switch (``SGLANG_IS_IN_CI``) or ``SPEC_FUSED_DEBUG=1``."""
+    if os.environ.get("SPEC_FUSED_DEBUG", "") == "1":
+        return True
+    try:
+        from sglang.srt.managers import overlap_utils
+
+        return bool(getattr(overlap_utils, "_DEBUG_ASSERT", False))
+    except Exception:
+        return False
+
+
+class _BackendsDecision:
+    """The attention backends' OR-ed ``needs_cpu_seq_lens``, as FutureMap received it."""
+
+    def __init__(self, needs_cpu_seq_lens: bool):
+        self.needs_cpu_seq_lens = needs_cpu_seq_lens
+
+
+class FusedRelay:
+    """Per-FutureMap state: the pending publish, the launcher, the chosen variant."""
+
+    def __init__(self, future_map, caps: SpecCaps, *, debug: bool):
+        self.future_map_ref = weakref.ref(future_map)
+        self.caps = caps
+        self.debug = debug
+        self.host_seq_lens = caps.host_seq_lens
+        self.variant = select_variant(caps)
+        buf = future_map.__dict__[BUF_ATTR]
+        self.device = buf.device
+        self.on_cuda = buf.device.type == "cuda"
+        self.launcher = PublishGather(buf, poison=debug, validate=debug, debug=debug)
+        self.pending: Optional[tuple] = None  # (indices, values) not yet in the buffer
+        self.publish_stream = None
+        self.relay_stream = None
+        self.done_event = None
+        self.disabled_reason: Optional[str] = None
+        self.launches = 0
+        _live_relays.add(self)
+
+    # ------------------------------------------------------------------ launching
+
+    def rebind(self, buf: torch.Tensor) -> None:
+        """FutureMap swapped its buffer (``_adopt_relay``): keep launching into the new one."""
+        self.launcher.buf = buf
+
+    def _launch(self, gather_indices, host: bool):
+        publish = self.pending or (None, None)
+        try:
+            result = self.launcher(gather_indices, *publish, host=host)
+        except (ValueError, TypeError):
+            raise  # bad input is a bug in the caller, not a reason to change backend
+        except Exception as exc:
+            if self.launcher.backend == "reference":
+                raise
+            log_once(("kernel", self.device.type, type(exc).__name__),
+                     "fused kernel failed on %s (%s: %s); falling back to the torch reference",
+                     self.device, type(exc).__name__, exc)
+            self.launcher.backend = "reference"
+            result = self.launcher(gather_indices, *publish, host=host)
+        self.pending = None
+        self.launches += 1
+        return result
+
+    def flush(self) -> None:
+        """Land a pending publish now (a publish-only launch on the current stream)."""
+        if self.pending is None:
+            return
+        fm = self.future_map_ref()
+        if self.on_cuda and fm is not None and fm.publish_ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(fm.publish_ready)
+        self._keep_alive_on(torch.cuda.current_stream(self.device) if self.on_cuda else None)
+        self._launch(self.launcher.buf[:0].long(), host=False)
+
+    def _keep_alive_on(self, stream, *tensors) -> None:
+        if stream is None:
+            return
+        for t in (*(self.pending or ()), *tensors):
+            if t is not None and t.device.type == "cuda":
+                t.record_stream(stream)
+
+    # ------------------------------------------------------------------ FutureMap API
+
+    def publish(self, fm, indices, new_seq_lens) -> None:
+        if self.pending is not None:  # two publishes without a resolve: keep their order
+            self.flush()
+        relay = getattr(fm, "_relay", None)
+        if relay is not None and new_seq_lens is getattr(relay, "published_seq_lens", None):
+            relay.published_seq_lens = None  # a captured verify graph already scattered
+        else:
+            self.pending = (indices, new_seq_lens)
+            if self.on_cuda:
+                self.publish_stream = torch.cuda.current_stream(self.device)
+        if fm.spec_algo.is_some():  # as upstream: the event other readers gate on
+            if fm.publish_ready is None:
+                fm.publish_ready = torch.get_device_module(self.device).Event()
+            fm.publish_ready.record()
+            fm._publish_fresh = True
+
+    def resolve(self, fm, batch, stream_ordered: bool) -> None:
+        draft_input = batch.spec_info
+        if draft_input is None:
+            return
+        fi = draft_input.future_indices
+        if fi is None:
+            return
+        if fm.publish_ready is not None and stream_ordered:
+            fm._publish_fresh = False
+        elif fm.publish_ready is not None and self.debug:
+            assert fm._publish_fresh, "resolve without a fresh forward publish"
+            fm._publish_fresh = False
+        elif fm.publish_ready is not None:
+            fm._publish_fresh = False
+
+        host = self.host_seq_lens if fm.needs_cpu_seq_lens else "none"
+        if not self.on_cuda:
+            result = self._launch(fi, host=host == "exact")
+        elif stream_ordered:  # already on the forward stream: stream order fences it
+            result = self._launch(fi, host=host == "exact")
+        elif self.variant == "barrier_free" and host != "exact":
+            result = self._resolve_on_publish_stream(fm, fi)
+        elif host != "exact":
+            cur = torch.cuda.current_stream(self.device)
+            if fm.publish_ready is not None:
+                cur.wait_event(fm.publish_ready)
+            result = self._launch(fi, host=False)
+        else:
+            result = self._resolve_war_guarded(fm, fi)
+        batch.seq_lens = result.seq_lens
+        if host != "exact":
+            batch.seq_lens_cpu = None
+            batch.seq_lens_sum = None
+            return
+        wait = self.done_event.synchronize if self.on_cuda and not stream_ordered else None
+        if wait is not None:
+            wait()  # the host waits for this launch only
+        elif self.on_cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+        batch.seq_lens_cpu, batch.seq_lens_sum = self.launcher.read_host(result, wait=wait)
+
+    def _resolve_on_publish_stream(self, fm, fi):
+        cur = torch.cuda.current_stream(self.device)
+        stream = self.publish_stream or cur
+        stream.wait_stream(cur)  # the indices were staged on the schedule stream
+        self._keep_alive_on(stream, fi)
+        with torch.cuda.stream(stream):
+            result = self._launch(fi, host=False)
+        result.seq_lens.record_stream(stream)
+        return result
+
+    def _resolve_war_guarded(self, fm, fi):
+        cur = torch.cuda.current_stream(self.device)
+        if self.relay_stream is None:
+            self.relay_stream = torch.cuda.Stream(self.device)
+            self.done_event = torch.cuda.Event()
+        stream = self.relay_stream
+        if fm.publish_ready is not None:
+            stream.wait_event(fm.publish_ready)
+        stream.wait_stream(cur)
+        self._keep_alive_on(stream, fi)
+        with torch.cuda.stream(stream):
+            result = self._launch(fi, host=True)
+            self.done_event.record(stream)
+        result.seq_lens.record_stream(stream)
+        cur.wait_event(self.done_event)  # device-side: schedule-stream readers of seq_lens
+        return result
+
+
+def relay_for(fm) -> Optional[FusedRelay]:
+    """The relay of ``fm``, made on first use; None where SGLang's own path must run."""
+    relay = fm.__dict__.get(RELAY_ATTR)
+    if relay is not None:
+        return None if relay.disabled_reason else relay
+    if RELAY_ATTR in fm.__dict__:
+        return None
+    fm.__dict__[RELAY_ATTR] = None  # decided once per FutureMap
+    try:
+        if not fm.spec_algo.is_some():
+            return None
+        if getattr(fm, "needs_confidence_relay", False):
+            log_once("confidence", "the confidence relay (DSPARK ragged verify) gates its own "
+                     "D2H on publish_ready; SGLang's relay runs for this FutureMap",
+                     level=logging.INFO)
+            return None
+        for attr in (BUF_ATTR, "needs_cpu_seq_lens", "publish_ready", "_publish_fresh"):
+            if attr not in fm.__dict__ and not hasattr(fm, attr):
+                raise AttributeError(f"FutureMap has no attribute {attr!r}")
+        caps = fm.__dict__.get(CAPS_ATTR) or establish(caps_for(
+            fm.spec_algo, attn_backends=[_BackendsDecision(bool(fm.needs_cpu_seq_lens))]),
+            fm.spec_algo)
+        debug = debug_enabled()
+        relay = FusedRelay(fm, caps, debug=debug)
+    except KeyError as exc:
+        log_once(("caps", str(fm.spec_algo)), "%s; SGLang's relay runs", str(exc).strip('"'))
+        return None
+    except Exception as exc:
+        log_once(("init", type(exc).__name__, str(exc)),
+                 "cannot relay this FutureMap (%s: %s); SGLang's relay runs",
+                 type(exc).__name__, exc)
+        return None
+    if debug and not _sglang_debug_assert() and getattr(fm, "_relay", None) is None:
+        fm.__dict__[BUF_ATTR].fill_(-1)  # poisoned init, as upstream's debug mode
+    fm.__dict__[RELAY_ATTR] = relay
+    log_once(("variant", relay.variant, relay.host_seq_lens, str(relay.device)),
+             "relaying %s lengths with the fused %s variant (host lengths: %s, kernel: %s)",
+             getattr(fm.spec_algo, "name", fm.spec_algo), relay.variant, relay.host_seq_lens,
+             relay.launcher.backend, level=logging.INFO)
+    return relay
+
+
+def _sglang_debug_assert() -> bool:
+    try:
+        from sglang.srt.managers import overlap_utils
+
+        return bool(getattr(overlap_utils, "_DEBUG_ASSERT", False))
+    except Exception:
+        return False
+
+
+def disable(relay: FusedRelay, reason: str) -> None:
+    """Hand this FutureMap back to SGLang for good: land what is pending with plain torch
+    (what upstream's publish does), then stop relaying."""
+    if relay.pending is not None:
+        indices, values = relay.pending
+        relay.launcher.buf[indices.long()] = values.to(relay.launcher.buf.dtype)
+        relay.pending = None
+    relay.disabled_reason = reason
+
+
+def flush_all() -> None:
+    for relay in list(_live_relays):
+        if relay.pending is not None:
+            relay.flush()
+
+
+def read_buffer(fm) -> torch.Tensor:
+    """``fm.new_seq_lens_buf`` for anyone outside the relay: a pending publish lands first."""
+    relay = fm.__dict__.get(RELAY_ATTR)
+    if relay is not None and relay.pending is not None:
+        try:
+            relay.flush()
+        except Exception as exc:
+            disable(relay, f"flush failed: {exc}")
+    return fm.__dict__[BUF_ATTR]
