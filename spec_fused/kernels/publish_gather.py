@@ -280,8 +280,10 @@ def _check_1d(name, t):
 def _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
               deep: bool):
     """Raise before anything is written. ``deep`` adds the value checks (range, duplicate
-    publish slots) that need the index values on the host: free on CPU, a sync on GPU."""
+    publish slots) that need the index values on the host: always done on CPU, where they
+    are free; on a GPU they cost a sync, so only when asked (``validate``/``poison``)."""
     _check_1d("buf", buf)
+    deep = deep or buf.device.type == "cpu"
     if buf.dtype != torch.int64:
         raise TypeError(f"buf must be int64, got {buf.dtype}")
     if not buf.is_contiguous():
@@ -386,9 +388,8 @@ def _(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_o
 
 def _run(impl, buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
          poison, validate):
-    deep = validate or poison or buf.device.type == "cpu"
     _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
-              deep)
+              deep=validate or poison)
     n = gather_indices.shape[0]
     m = 0 if publish_indices is None else publish_indices.shape[0]
     if out is None:
@@ -486,9 +487,8 @@ class PublishGather:
         n = gather_indices.shape[0]
         if n > self.max_batch:
             raise ValueError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
-        deep = self.validate or self.poison or not self._on_cuda
         _validate(self.buf, gather_indices, publish_indices, publish_values, None, None, None,
-                  deep)
+                  deep=self.validate or self.poison)
         _raise_if_flagged(self._flag)  # a previous launch's consume-once failure
         m = 0 if publish_indices is None else publish_indices.shape[0]
         out = (self._static_out[:n] if self._static_out is not None

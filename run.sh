@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The two commands of the README:
+#   ./run.sh bench [args]   set up, then run the benchmarks (quick sweep on a CPU machine)
+#   ./run.sh test [--fast]  set up, then run the tests: the light tier (kernels under the
+#                           Triton interpreter, the real SGLang FutureMap) and, unless
+#                           --fast, the scheduler tier against SGLang's real Scheduler.
+set -euo pipefail
+cd "$(dirname "$0")"
+cmd="${1:-}"; shift || true
+has_cuda() { .venv/bin/python -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; }
+
+case "$cmd" in
+  bench)
+    bash scripts/setup.sh
+    if has_cuda; then
+      exec .venv/bin/python -m bench.run_all "$@"
+    fi
+    export TRITON_INTERPRET=1
+    [ "$#" -gt 0 ] || set -- --quick
+    exec .venv/bin/python -m bench.run_all "$@"
+    ;;
+  test)
+    fast=0
+    if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
+    bash scripts/setup.sh
+    has_cuda || export TRITON_INTERPRET=1
+    if [ "$fast" = 1 ]; then
+      export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-fast}"
+      exec .venv/bin/python -m pytest -q -m "not scheduler and not gpu" tests "$@"
+    fi
+    export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-full}"
+    echo "== light tier (.venv)"
+    .venv/bin/python -m pytest -q -m "not scheduler and not gpu" tests "$@"
+    echo "== scheduler tier (.venv-sched)"
+    bash scripts/setup_scheduler_tier.sh
+    .venv-sched/bin/python -m pytest -q -m scheduler tests "$@"
+    ;;
+  *)
+    echo "usage: ./run.sh bench [--quick|--full ...] | ./run.sh test [--fast]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Set up .venv: the package, its test/bench extras and the light SGLang tier.
+#
+# torch is installed only when none is importable: a user's GPU torch is kept (the venv
+# sees it through --system-site-packages), and on a CPU-only machine torch==2.13.0 comes
+# from the local CPU wheel instead of a multi-GB CUDA build. SGLang is installed with
+# --no-deps plus the handful of small packages that make overlap_utils import on a CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+VENV="${SPEC_FUSED_VENV:-.venv}"
+SGLANG_VERSION="${SPEC_FUSED_SGLANG_VERSION:-0.5.23}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if "$PY" -c "import torch" >/dev/null 2>&1; then
+    "$PY" -m venv --system-site-packages "$VENV"
+  else
+    "$PY" -m venv "$VENV"
+  fi
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+stamp="$VENV/.spec_fused-setup"
+want="$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0  # already set up for this pyproject/setup script
+fi
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  echo "setup: installing torch==2.13.0 (no torch found)" >&2
+  "${PIP[@]}" install "torch==2.13.0"
+fi
+echo "setup: installing spec_fused and its test/bench extras" >&2
+"${PIP[@]}" install -e ".[test,bench,sglang-light]"
+echo "setup: installing sglang==$SGLANG_VERSION --no-deps" >&2
+"${PIP[@]}" install --no-deps "sglang==$SGLANG_VERSION"
+echo "$want" > "$stamp"

@@ -1,0 +1,146 @@
+"""The ``spec-fused`` command line (``python -m spec_fused`` too).
+
+Why a CLI at all: the plugin is loaded inside SGLang's processes and says why it did not
+load in one log line at most, so "is it on here?" needs an answer from outside a server.
+This module only parses arguments and renders; the facts come from
+:mod:`spec_fused.doctor`, which stays pure so the tests inspect the same dict ``--json``
+prints. Subcommands hang off one parser so more (e.g. a bench) can be added beside
+``doctor`` without changing the entry point declared in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Optional, Sequence
+
+__all__ = ["build_parser", "main", "render_doctor"]
+
+PROG = "spec-fused"
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Left-aligned columns; the last column is not padded (the reasons are long)."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [c.ljust(widths[i]) if i < len(r) - 1 else c for i, c in enumerate(r)]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def _caps_cell(row: dict, key: str) -> str:
+    value = row.get(key, "")
+    return str(value)  # bools as True/False, like the "declared" column describe() gives
+
+
+def render_doctor(report: dict) -> str:
+    """The human-readable doctor report (``--json`` prints ``report`` itself)."""
+    from spec_fused.doctor import CAPS_COLUMNS, ENTRY_POINT_GROUP, PLUGIN_NAME
+
+    out: list[str] = []
+    v = report.get("versions", {})
+    out.append("Versions")
+    if "error" in v:
+        out.append(f"  {v['error']}")
+    else:
+        gpus = v.get("gpus") or []
+        out += _table([
+            ("spec_fused", str(v.get("spec_fused"))),
+            ("SGLang", str(v.get("sglang"))),
+            ("torch", str(v.get("torch"))),
+            ("triton", str(v.get("triton"))),
+            ("CUDA runtime", str(v.get("cuda_runtime"))),
+            ("driver", str(v.get("driver"))),
+            ("GPUs", "; ".join(f"{i}: {g}" for i, g in enumerate(gpus)) if gpus else "none"),
+            ("python", str(v.get("python"))),
+        ])
+
+    p = report.get("plugin", {})
+    out += ["", f"Plugin ({ENTRY_POINT_GROUP} -> {PLUGIN_NAME})"]
+    out += _table([("ok" if c.get("ok") else "FAIL", str(c.get("check")), str(c.get("reason")))
+                   for c in p.get("checks", [])])
+    if p.get("would_load"):
+        out.append("  => SGLang would load spec_fused and it would patch the relay")
+    else:
+        out.append("  => spec_fused would NOT load: SGLang runs its own relay")
+        if not p.get("checks"):
+            out += [f"     {r}" for r in p.get("reasons", [])]
+
+    b = report.get("backends", {})
+    out += ["", "Kernel backend per device (publish_gather)"]
+    if "error" in b:
+        out.append(f"  {b['error']}")
+    else:
+        out += _table([(dev, str(info.get("backend")), str(info.get("reason")))
+                       for dev, info in b.items()])
+
+    rows = report.get("caps", [])
+    out += ["", "Capabilities (declared = caps_for; the rest as established against the "
+                "installed SGLang)"]
+    table = [tuple(CAPS_COLUMNS), tuple("-" * len(c) for c in CAPS_COLUMNS)]
+    for row in rows:
+        if "error" in row:
+            table.append((str(row.get("algorithm")), "-", "-", "-", "-",
+                          f"error: {row['error']}"))
+        else:
+            table.append(tuple(_caps_cell(row, k) for k in CAPS_COLUMNS))
+    out += _table(table)
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from spec_fused import doctor
+
+    # Importing SGLang (check_supported imports overlap_utils) or Triton can print; in
+    # --json mode stdout must be exactly one JSON object, so such chatter goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+        report = doctor.gather()
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(render_doctor(report))
+    plugin = report.get("plugin", {})
+    if plugin.get("would_load"):
+        return 0
+    for reason in plugin.get("reasons") or ["unknown reason"]:
+        print(f"{PROG} doctor: spec_fused would not load: {reason}", file=sys.stderr)
+    return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="spec_fused: SGLang's speculative-decoding length relay in one fused "
+                    "Triton launch, loaded as an SGLang plugin.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    doctor = sub.add_parser(
+        "doctor", help="show versions, whether the plugin would load, kernel backends and "
+                       "the capability table",
+        description="Report versions, whether SGLang would load the spec_fused plugin (and "
+                    "why not), the kernel backend per device and the capability table. "
+                    "Exit status 0 when the plugin would load, 1 otherwise.")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    doctor.set_defaults(func=_cmd_doctor)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Console-script entry point (``spec-fused``); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Test setup: the Triton interpreter on CPU, hypothesis profiles, kernel-launch counting.
+
+``TRITON_INTERPRET=1`` must be set before Triton is imported, so it happens here at
+collection time, and only where there is no GPU (GPU runs compile the kernels for real).
+"""
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+settings.register_profile(
+    "fast", max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile(
+    "full", max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+settings.load_profile(os.environ.get("SPEC_FUSED_HYPOTHESIS_PROFILE", "fast"))
+
+
+class LaunchCounter:
+    """Launch count since the last ``reset()`` (hypothesis reuses the fixture per example)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def reset(self):
+        self.count = 0
+        return self
+
+
+@pytest.fixture
+def kernel_launches(monkeypatch):
+    """Counts real launches of the fused Triton kernel (compiled or interpreted)."""
+    from spec_fused.kernels import publish_gather as pg
+
+    counter = LaunchCounter()
+    kernel = pg._publish_gather_kernel
+    original = kernel.run
+
+    def run(*args, **kwargs):
+        counter.count += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "run", run)
+    return counter
+
+
+@pytest.fixture
+def patched():
+    """spec_fused applied to the real SGLang for one test, removed after it."""
+    from spec_fused import relay
+    from spec_fused.integration import sglang_patch
+
+    relay._logged.clear()
+    report = sglang_patch.apply()
+    try:
+        yield report
+    finally:
+        sglang_patch.remove()
+        relay._logged.clear()
+
+
+@pytest.fixture
+def device():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
