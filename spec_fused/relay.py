@@ -87,10 +87,13 @@ class FusedRelay:
         self.relay_stream = None
         self.done_event = None
         self.disabled_reason: Optional[str] = None
-        self.launches = 0
         _live_relays.add(self)
 
     # ------------------------------------------------------------------ launching
+
+    @property
+    def launches(self) -> int:
+        return self.launcher.launches
 
     def rebind(self, buf: torch.Tensor) -> None:
         """FutureMap swapped its buffer (``_adopt_relay``): keep launching into the new one."""
@@ -111,7 +114,6 @@ class FusedRelay:
             self.launcher.backend = "reference"
             result = self.launcher(gather_indices, *publish, host=host)
         self.pending = None
-        self.launches += 1
         return result
 
     def flush(self) -> None:

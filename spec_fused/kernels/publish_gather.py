@@ -475,6 +475,7 @@ class PublishGather:
             if not self._on_cuda:
                 self._flag = self._flag.to(buf.device)
         self.step = 0
+        self.launches = 0  # kernel (or reference) launches made, for counters and tests
 
     def _host_slot(self, step: int, n: int) -> torch.Tensor:
         if self._host_ring is None:
@@ -502,6 +503,7 @@ class PublishGather:
                 host_view[0], host_view[1] = 0, step
             return PublishGatherResult(out, self._out_sum, self._flag, host_view, step)
         impl = _reference_impl if self.backend == "reference" else _launch
+        self.launches += 1
         impl(self.buf, gather_indices, publish_indices if m else None,
              publish_values if m else None, out, self._out_sum, host_view, self._flag,
              self.poison, step if host else None)

@@ -1,0 +1,247 @@
+"""``spec-fused doctor``: it runs as users run it (a fresh ``python -m spec_fused`` process,
+so the real entry-point metadata, environment and SGLang import are what it sees), its
+exit status says whether SGLang would load the plugin, and it still answers - exit 1,
+naming the reason - on the installations it exists to diagnose, SGLang missing included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from spec_fused import doctor
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 240
+# Settings that change the answer; each test sets the ones it is about.
+_SCRUB = ("SPEC_FUSED_DISABLE", "SGLANG_PLUGINS", "SPEC_FUSED_FORCE_REFERENCE",
+          "SPEC_FUSED_WAR_BARRIER", "SPEC_FUSED_HOST_SEQ_LENS", "SPEC_FUSED_ALLOW_UNTESTED")
+
+# Runs the CLI in a process where SGLang looks uninstalled: its modules cannot be
+# imported and importlib.metadata knows no "sglang" distribution.
+_NO_SGLANG = r"""
+import importlib.abc, importlib.metadata as md, sys
+
+assert not any(m == "sglang" or m.startswith("sglang.") for m in sys.modules)
+
+class _NoSGLang(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "sglang" or name.startswith("sglang."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoSGLang())
+
+def _hide(fn):
+    def wrapper(name, *a, **k):
+        if str(name).lower().replace("_", "-") == "sglang":
+            raise md.PackageNotFoundError(name)
+        return fn(name, *a, **k)
+    return wrapper
+
+md.version = _hide(md.version)
+md.distribution = _hide(md.distribution)
+md.metadata = _hide(md.metadata)
+
+sys.argv = ["spec-fused", *sys.argv[1:]]
+from spec_fused.cli import main
+sys.exit(main())
+"""
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+    env.update(extra)
+    return env
+
+
+@lru_cache(maxsize=None)
+def _run(*args, no_sglang=False, env_items=()):
+    prefix = [sys.executable, "-c", _NO_SGLANG] if no_sglang else \
+        [sys.executable, "-m", "spec_fused"]
+    return subprocess.run([*prefix, *args], capture_output=True, text=True, cwd=ROOT,
+                          env=_env(**dict(env_items)), timeout=TIMEOUT_S)
+
+
+def _json(**kw):
+    proc = _run("doctor", "--json", **kw)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:  # pragma: no cover - the failure message is the point
+        pytest.fail(f"doctor --json printed no JSON (rc={proc.returncode}):\n"
+                    f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc, report
+
+
+def _sglang_members():
+    spec_info = pytest.importorskip("sglang.srt.speculative.spec_info")
+    return {m.name for m in spec_info.SpeculativeAlgorithm}
+
+
+# ------------------------------------------------------------------ the installed venv
+
+
+def test_json_has_every_section():
+    proc, report = _json()
+    assert set(report) >= {"versions", "plugin", "backends", "caps"}
+    versions = report["versions"]
+    for key in ("spec_fused", "sglang", "torch", "triton", "cuda_runtime", "driver", "gpus"):
+        assert key in versions, key
+    assert versions["spec_fused"] not in ("", "unknown")
+    assert isinstance(versions["gpus"], list)
+    plugin = report["plugin"]
+    assert set(plugin) >= {"installed", "would_load", "reasons"}
+    assert all(set(c) == {"check", "ok", "reason"} and c["reason"] for c in plugin["checks"])
+    assert "cpu" in report["backends"]
+    for info in report["backends"].values():
+        assert info["backend"] in ("triton", "interpreter", "reference")
+        assert info["reason"]
+
+
+def test_backend_matches_the_environment():
+    _, report = _json()
+    cpu = report["backends"]["cpu"]
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert cpu == {"backend": "interpreter", "reason": cpu["reason"]}
+        assert "TRITON_INTERPRET=1" in cpu["reason"]
+    _, forced = _json(env_items=(("SPEC_FUSED_FORCE_REFERENCE", "1"),))
+    assert {info["backend"] for info in forced["backends"].values()} == {"reference"}
+    assert "SPEC_FUSED_FORCE_REFERENCE=1" in forced["backends"]["cpu"]["reason"]
+
+
+def test_caps_rows_cover_every_installed_algorithm():
+    members = _sglang_members()
+    _, report = _json()
+    rows = {row["algorithm"]: row for row in report["caps"]}
+    assert members <= set(rows)
+    for name in members:
+        row = rows[name]
+        assert "error" not in row, row
+        assert set(row) >= set(doctor.CAPS_COLUMNS)
+        assert isinstance(row["needs_war_barrier"], bool)
+        assert row["host_seq_lens"] in ("exact", "reserved", "none")
+        assert row["variant"] in ("barrier_free", "war_guarded")
+
+
+def test_exit_0_when_the_plugin_would_load():
+    _sglang_members()  # needs a (supported) SGLang, as the venv has
+    proc, report = _json()
+    assert report["plugin"]["installed"] is True
+    assert report["plugin"]["would_load"] is True, report["plugin"]
+    assert report["plugin"]["reasons"] == []
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_spec_fused_disable_means_exit_1():
+    proc, report = _json(env_items=(("SPEC_FUSED_DISABLE", "1"),))
+    assert proc.returncode == 1
+    assert report["plugin"]["would_load"] is False
+    assert any("SPEC_FUSED_DISABLE" in r for r in report["plugin"]["reasons"])
+    assert "SPEC_FUSED_DISABLE" in proc.stderr
+
+
+def test_sglang_plugins_without_spec_fused_means_exit_1():
+    proc, report = _json(env_items=(("SGLANG_PLUGINS", "other"),))
+    assert proc.returncode == 1
+    assert any("SGLANG_PLUGINS" in r for r in report["plugin"]["reasons"])
+    assert "SGLANG_PLUGINS" in proc.stderr
+
+
+def test_without_sglang_still_reports_and_exits_1():
+    proc, report = _json(no_sglang=True)
+    assert proc.returncode == 1, proc.stderr
+    assert report["versions"]["sglang"] == "not installed"
+    reasons = report["plugin"]["reasons"]
+    assert any("SGLang is not installed" in r for r in reasons), reasons
+    assert "SGLang is not installed" in proc.stderr
+    # caps still knows its builtin table without SGLang.
+    names = {row["algorithm"] for row in report["caps"]}
+    assert {"DFLASH", "EAGLE", "EAGLE3", "NGRAM", "NONE"} <= names
+    assert all("error" not in row for row in report["caps"])
+    assert "cpu" in report["backends"]
+
+    text = _run("doctor", no_sglang=True)
+    assert text.returncode == 1
+    assert "not installed" in text.stdout and "algorithm" in text.stdout
+
+
+def test_text_output_has_the_table():
+    proc = _run("doctor")
+    assert proc.returncode == _json()[0].returncode
+    header = next((line.split() for line in proc.stdout.splitlines()
+                   if line.split()[:1] == ["algorithm"]), None)
+    assert header == list(doctor.CAPS_COLUMNS), proc.stdout
+    for section in ("Versions", "Plugin", "Kernel backend", "Capabilities"):
+        assert section in proc.stdout
+    for name in _sglang_members():
+        assert any(line.split()[:1] == [name] for line in proc.stdout.splitlines()), name
+
+
+# ------------------------------------------------------------------ the pure gatherers
+
+
+def test_sglang_plugins_parsing_matches_sglang():
+    def verdict(value):
+        checks = {c["check"]: c for c in doctor.plugin_status({"SGLANG_PLUGINS": value})["checks"]}
+        return checks["SGLANG_PLUGINS"]["ok"]
+
+    assert verdict("")
+    assert verdict(" , ")  # only separators: SGLang treats it as no whitelist
+    assert verdict("other, spec_fused")
+    assert not verdict("other")
+    assert not verdict("spec_fused_v2")
+
+
+def test_disable_zero_keeps_the_plugin_on():
+    checks = {c["check"]: c for c in doctor.plugin_status({"SPEC_FUSED_DISABLE": "0"})["checks"]}
+    assert checks["SPEC_FUSED_DISABLE"]["ok"]  # as sglang_patch.register() reads it
+
+
+def test_a_broken_probe_is_reported_not_raised(monkeypatch):
+    def boom():
+        raise RuntimeError("metadata is corrupt")
+
+    monkeypatch.setattr(doctor, "_find_entry_points", boom)
+    status = doctor.plugin_status({})
+    assert status["installed"] is False and status["would_load"] is False
+    assert any("metadata is corrupt" in r for r in status["reasons"])
+
+
+def test_invalid_caps_env_becomes_row_errors():
+    rows = doctor.caps_rows({"SPEC_FUSED_WAR_BARRIER": "yes"})
+    assert rows and all("SPEC_FUSED_WAR_BARRIER" in row["error"] for row in rows)
+    assert {"DFLASH", "EAGLE"} <= {row["algorithm"] for row in rows}
+
+
+def test_entry_point_is_the_declared_one():
+    checks = {c["check"]: c for c in doctor.plugin_status({})["checks"]}
+    assert checks["installed"]["ok"], checks["installed"]
+    assert doctor.EXPECTED_ENTRY_POINT in checks["installed"]["reason"]
+
+
+class _FakeModule:
+    def __init__(self, kernel, interpreted):
+        self._publish_gather_kernel = kernel
+        self._IS_INTERPRETED = interpreted
+
+
+@pytest.mark.parametrize("module, device, backend, env, expected", [
+    (_FakeModule(object(), False), "cuda", "triton", {}, "Triton compiled"),
+    (_FakeModule(object(), True), "cpu", "interpreter", {}, "TRITON_INTERPRET=1"),
+    (_FakeModule(object(), True), "cuda", "reference", {}, "CPU tensors only"),
+    (_FakeModule(None, False), "cuda", "reference", {}, "no Triton"),
+    (_FakeModule(object(), False), "mps", "reference", {}, "cannot drive this device"),
+    (_FakeModule(object(), False), "cpu", "reference", {}, "TRITON_INTERPRET=1 would"),
+    (_FakeModule(object(), False), "cuda", "reference",
+     {"SPEC_FUSED_FORCE_REFERENCE": "1"}, "SPEC_FUSED_FORCE_REFERENCE=1"),
+])
+def test_backend_reason(module, device, backend, env, expected):
+    import torch
+
+    assert expected in doctor.backend_reason(torch.device(device), backend, module, env)
