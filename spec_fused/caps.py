@@ -240,17 +240,25 @@ def establish(caps: SpecCaps, algorithm) -> SpecCaps:
         return caps
     if not caps.needs_war_barrier and not fences_own_shared_writes(algorithm):
         caps = replace(caps, needs_war_barrier=True, source="installed",
-                       reason="the installed worker does not fence its own req_to_token "
-                              "writes (no verify_done): the WAR barrier stays")
+                       reason=_join("WAR barrier kept: the installed worker does not fence "
+                                    "its own req_to_token writes (no verify_done)", caps.reason))
     if caps.host_seq_lens == "reserved" and not plans_with_reserved_bound(algorithm):
         caps = replace(caps, host_seq_lens="exact", source="installed",
-                       reason="the installed worker does not plan with a reserved bound")
+                       reason=_join("exact host lengths: the installed worker does not plan "
+                                    "with a reserved bound", caps.reason))
     return caps
 
 
+def _join(finding: str, reason: str) -> str:
+    return f"{finding}; declared: {reason}" if reason else finding
+
+
 def select_variant(caps: SpecCaps) -> Variant:
-    """``barrier_free`` when the step needs neither the WAR barrier nor exact host lengths;
-    ``war_guarded`` (exact host lengths from the fused launch) otherwise."""
+    """``barrier_free`` when the step needs neither the WAR barrier nor exact host lengths:
+    the fused launch is stream-ordered behind the publish, nothing waits, nothing is copied.
+    ``war_guarded`` otherwise: the barrier stays, and the host lengths are what
+    ``host_seq_lens`` says - exact ones come from the same launch (``bs + 1`` values, the
+    host waiting for that launch only); a reserved bound or none costs no host wait."""
     if not caps.needs_war_barrier and caps.host_seq_lens != "exact":
         return "barrier_free"
     return "war_guarded"
@@ -263,7 +271,7 @@ def describe(env: Optional[Mapping[str, str]] = None) -> list[dict]:
     for name in known_algorithms():
         try:
             declared = caps_for(name, env=env)
-        except KeyError as exc:
+        except (KeyError, ValueError) as exc:
             rows.append({"algorithm": name, "error": str(exc).strip('"')})
             continue
         caps = establish(declared, name)

@@ -253,9 +253,10 @@ def plugin_status(env: Optional[Mapping[str, str]] = None) -> dict:
     else:
         checks.append(_check("loads", False, "nothing to load: the entry point is missing"))
 
+    from spec_fused.integration.sglang_patch import disabled_by
+
     disabled = env.get(ENV_DISABLE, "")
-    # Same test as sglang_patch.register(): "" and "0" leave the plugin on.
-    if disabled not in ("", "0"):
+    if disabled_by(env) is not None:  # the very test register() makes
         checks.append(_check(
             ENV_DISABLE, False,
             f"{ENV_DISABLE}={disabled!r} is set: register() patches nothing and SGLang "
@@ -294,31 +295,12 @@ def plugin_status(env: Optional[Mapping[str, str]] = None) -> dict:
 # --------------------------------------------------------------------------- backends
 
 
-def backend_reason(device, backend: str, pg_module=None,
-                   env: Optional[Mapping[str, str]] = None) -> str:
-    """One line on why :func:`~spec_fused.kernels.publish_gather.backend_for` picked
-    ``backend`` for ``device``. It walks backend_for's own ladder (force-reference, no
-    Triton, interpreter, compiled CUDA, anything else) so the reason cannot drift from the
-    choice: if it ever did, the line says so instead of guessing."""
-    env = os.environ if env is None else env
-    dev_type = getattr(device, "type", str(device).split(":")[0])
-    kernel = getattr(pg_module, "_publish_gather_kernel", None) if pg_module else None
-    interpreted = bool(getattr(pg_module, "_IS_INTERPRETED", False)) if pg_module else False
-    if backend == "reference":
-        if env.get(ENV_FORCE_REFERENCE) == "1":
-            return f"{ENV_FORCE_REFERENCE}=1"
-        if pg_module is not None and kernel is None:
-            return "no Triton (import failed): plain-torch reference"
-        if interpreted:
-            return "TRITON_INTERPRET=1 runs CPU tensors only: plain-torch reference"
-        if dev_type == "cpu":
-            return "Triton compiles for GPUs; TRITON_INTERPRET=1 would interpret on CPU"
-        return "Triton cannot drive this device: plain-torch reference"
-    if backend == "interpreter":
-        return "TRITON_INTERPRET=1 (Triton interpreter, set before Triton was imported)"
-    if backend == "triton":
-        return "Triton compiled"
-    return f"unexpected backend {backend!r}"
+def backend_reason(device) -> str:
+    """One line on why the kernel backend was picked for ``device`` (from the kernel
+    module itself, so the reason cannot drift from the choice)."""
+    from spec_fused.kernels.publish_gather import explain_backend
+
+    return explain_backend(device)[1]
 
 
 def _devices() -> list[str]:
@@ -347,9 +329,8 @@ def backends() -> dict:
         def probe(dev=dev):
             import torch
 
-            device = torch.device(dev)
-            backend = pg.backend_for(device)
-            return {"backend": backend, "reason": backend_reason(device, backend, pg)}
+            backend, reason = pg.explain_backend(torch.device(dev))
+            return {"backend": backend, "reason": reason}
 
         out[dev] = _safely(probe, lambda exc: {"backend": "unavailable",
                                                "reason": f"backend_for failed ({_error(exc)})"})

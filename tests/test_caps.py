@@ -142,6 +142,7 @@ def test_establish_holds_dflash_to_the_installed_worker():
     # ... but no longer fences its own req_to_token writes (0.5.14's verify_done is gone).
     assert caps_mod.fences_own_shared_writes("DFLASH") is False
     assert installed.needs_war_barrier is True and installed.source == "installed"
+    assert "verify_done" in installed.reason and "nxt_kv_lens_cpu" in installed.reason
     assert select_variant(installed) == "war_guarded"
     # An explicit environment choice stands.
     forced = caps_for("DFLASH", env={"SPEC_FUSED_WAR_BARRIER": "0"})

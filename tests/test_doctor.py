@@ -225,23 +225,26 @@ def test_entry_point_is_the_declared_one():
     assert doctor.EXPECTED_ENTRY_POINT in checks["installed"]["reason"]
 
 
-class _FakeModule:
-    def __init__(self, kernel, interpreted):
-        self._publish_gather_kernel = kernel
-        self._IS_INTERPRETED = interpreted
-
-
-@pytest.mark.parametrize("module, device, backend, env, expected", [
-    (_FakeModule(object(), False), "cuda", "triton", {}, "Triton compiled"),
-    (_FakeModule(object(), True), "cpu", "interpreter", {}, "TRITON_INTERPRET=1"),
-    (_FakeModule(object(), True), "cuda", "reference", {}, "CPU tensors only"),
-    (_FakeModule(None, False), "cuda", "reference", {}, "no Triton"),
-    (_FakeModule(object(), False), "mps", "reference", {}, "cannot drive this device"),
-    (_FakeModule(object(), False), "cpu", "reference", {}, "TRITON_INTERPRET=1 would"),
-    (_FakeModule(object(), False), "cuda", "reference",
-     {"SPEC_FUSED_FORCE_REFERENCE": "1"}, "SPEC_FUSED_FORCE_REFERENCE=1"),
+@pytest.mark.parametrize("kernel, interpreted, device, env, expected", [
+    (True, False, "cuda", {}, ("triton", "Triton compiled")),
+    (True, True, "cpu", {}, ("interpreter", "TRITON_INTERPRET=1")),
+    (True, True, "cuda", {}, ("reference", "CPU tensors only")),
+    (False, False, "cuda", {}, ("reference", "no Triton")),
+    (True, False, "mps", {}, ("reference", "cannot drive mps")),
+    (True, False, "cpu", {}, ("reference", "TRITON_INTERPRET=1 would")),
+    (True, False, "cuda", {"SPEC_FUSED_FORCE_REFERENCE": "1"},
+     ("reference", "SPEC_FUSED_FORCE_REFERENCE=1")),
 ])
-def test_backend_reason(module, device, backend, env, expected):
+def test_backend_reason(monkeypatch, kernel, interpreted, device, env, expected):
     import torch
 
-    assert expected in doctor.backend_reason(torch.device(device), backend, module, env)
+    from spec_fused.kernels import publish_gather as pg
+
+    if not kernel:
+        monkeypatch.setattr(pg, "_publish_gather_kernel", None)
+    monkeypatch.setattr(pg, "_IS_INTERPRETED", interpreted)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    backend, reason = pg.explain_backend(torch.device(device))
+    assert backend == expected[0] and pg.backend_for(device) == backend
+    assert expected[1] in reason and expected[1] in doctor.backend_reason(device)

@@ -40,8 +40,8 @@ SCHEDULER = "sglang.srt.managers.scheduler"
 # FutureMap/Scheduler relay API: shared-path since 0.5.15 (PR #29232), checked up to 0.5.23.
 SUPPORTED_VERSIONS = ((0, 5, 15), (0, 5, 23))
 
-__all__ = ["PatchReport", "UnsupportedSGLangError", "apply", "is_applied", "register",
-           "remove", "check_supported"]
+__all__ = ["PatchReport", "UnsupportedSGLangError", "apply", "check_supported", "disabled_by",
+           "is_applied", "register", "remove"]
 
 
 class UnsupportedSGLangError(RuntimeError):
@@ -59,6 +59,13 @@ class PatchReport:
 
 _patches: Optional[PatchSet] = None
 _report: Optional[PatchReport] = None
+
+
+def disabled_by(env=None) -> Optional[str]:
+    """The ``SPEC_FUSED_DISABLE`` setting that turns the plugin off, or None when it is on.
+    Unset, "", "0", "false", "no" and "off" leave it on; any other value turns it off."""
+    raw = (os.environ if env is None else env).get(ENV_DISABLE, "")
+    return None if raw.strip().lower() in ("", "0", "false", "no", "off") else raw
 
 
 def _parse_version(text: str) -> tuple:
@@ -279,8 +286,9 @@ def apply() -> PatchReport:
     global _patches, _report
     if _patches is not None:
         return _report
-    if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
-        return PatchReport(False, _sglang_version(), reason=f"{ENV_DISABLE}=1")
+    off = disabled_by()
+    if off is not None:
+        return PatchReport(False, _sglang_version(), reason=f"{ENV_DISABLE}={off}")
     import importlib
 
     version = check_supported()
@@ -322,8 +330,9 @@ def remove() -> None:
 
 def register() -> None:
     """The ``sglang.srt.plugins`` entry point: apply, or say in one line why not."""
-    if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
-        logger.info("spec_fused: disabled by %s=1; SGLang runs its own relay", ENV_DISABLE)
+    off = disabled_by()
+    if off is not None:
+        logger.info("spec_fused: disabled by %s=%s; SGLang runs its own relay", ENV_DISABLE, off)
         return
     try:
         report = apply()

@@ -35,6 +35,7 @@ __all__ = [
     "PublishGatherResult",
     "PoisonedSlotError",
     "backend_for",
+    "explain_backend",
     "publish_gather",
     "publish_gather_reference",
 ]
@@ -181,6 +182,24 @@ else:  # pragma: no cover
     _IS_INTERPRETED = False
 
 
+def explain_backend(device) -> tuple[str, str]:
+    """``(backend, why)`` for ``device``: what :func:`backend_for` picks, and the reason."""
+    device = torch.device(device)
+    if os.environ.get("SPEC_FUSED_FORCE_REFERENCE") == "1":
+        return "reference", "SPEC_FUSED_FORCE_REFERENCE=1"
+    if _publish_gather_kernel is None:
+        return "reference", "no Triton (import failed): plain-torch reference"
+    if _IS_INTERPRETED:
+        if device.type == "cpu":
+            return "interpreter", "TRITON_INTERPRET=1 (set before Triton was imported)"
+        return "reference", "TRITON_INTERPRET=1 runs CPU tensors only: plain-torch reference"
+    if device.type == "cuda":
+        return "triton", "Triton compiled"
+    if device.type == "cpu":
+        return "reference", "Triton compiles for GPUs; TRITON_INTERPRET=1 would interpret on CPU"
+    return "reference", f"Triton cannot drive {device.type} here: plain-torch reference"
+
+
 def backend_for(device) -> str:
     """Which implementation ``publish_gather`` uses on ``device``.
 
@@ -188,14 +207,7 @@ def backend_for(device) -> str:
     ``TRITON_INTERPRET=1`` set before Triton was imported) or ``"reference"`` (plain torch:
     no Triton, or a device Triton cannot drive here, e.g. MPS, NPU, XPU, or CPU without the
     interpreter). ``SPEC_FUSED_FORCE_REFERENCE=1`` forces the reference everywhere."""
-    device = torch.device(device)
-    if _publish_gather_kernel is None or os.environ.get("SPEC_FUSED_FORCE_REFERENCE") == "1":
-        return "reference"
-    if _IS_INTERPRETED:
-        return "interpreter" if device.type == "cpu" else "reference"
-    if device.type == "cuda":
-        return "triton"
-    return "reference"
+    return explain_backend(device)[0]
 
 
 def _launch_config(n: int, m: int):
