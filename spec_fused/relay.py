@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 from spec_fused.caps import SpecCaps, caps_for, establish, select_variant
-from spec_fused.kernels.publish_gather import PublishGather, backend_for
+from spec_fused.kernels.publish_gather import PublishGather, StaleHostMirrorError
 
 logger = logging.getLogger("spec_fused")
 
@@ -190,7 +190,19 @@ class FusedRelay:
             wait()  # the host waits for this launch only
         elif self.on_cuda:
             torch.cuda.current_stream(self.device).synchronize()
-        batch.seq_lens_cpu, batch.seq_lens_sum = self.launcher.read_host(result, wait=wait)
+        batch.seq_lens_cpu, batch.seq_lens_sum = self._read_host(result, wait)
+
+    def _read_host(self, result, wait):
+        try:
+            return self.launcher.read_host(result, wait=wait)
+        except StaleHostMirrorError as exc:
+            if self.debug:
+                raise
+            # Release: never an older step's lengths. Read this step's from the device.
+            log_once(("stale", str(exc)), "%s; reading this step's lengths from the device",
+                     exc)
+            lens = result.seq_lens.cpu()
+            return lens, int(lens.sum())
 
     def _resolve_on_publish_stream(self, fm, fi):
         cur = torch.cuda.current_stream(self.device)

@@ -68,9 +68,11 @@ class PublishGatherResult:
     seq_lens_sum: torch.Tensor  # 0-d int64 on buf.device
     # Sticky error flag the poison check writes (slot index, or -1): None unless poison.
     error_flag: Optional[torch.Tensor] = None
-    # PublishGather only: the host mirror view [*lens, sum, stamp] and its expected stamp.
+    # PublishGather only: the host ring row [*lens, sum, ..., stamp], its expected stamp
+    # and the batch size.
     host: Optional[torch.Tensor] = None
     stamp: Optional[int] = None
+    n: int = 0
 
     def raise_if_poisoned(self) -> None:
         """Raise :class:`PoisonedSlotError` if the consume-once check tripped.
@@ -94,7 +96,7 @@ def _raise_if_flagged(flag: Optional[torch.Tensor]) -> None:
 if triton is not None:
 
     # Lengths and the stamp change every step: specializing on them would recompile.
-    @triton.jit(do_not_specialize=["pool_size", "m", "n", "stamp"])
+    @triton.jit(do_not_specialize=["pool_size", "m", "n", "stamp", "stamp_offset"])
     def _publish_gather_kernel(
         buf_ptr,
         pool_size,
@@ -111,6 +113,7 @@ if triton is not None:
         host_ptr,
         err_ptr,
         stamp,
+        stamp_offset,
         HAS_HOST: tl.constexpr,
         HAS_STAMP: tl.constexpr,
         POISON: tl.constexpr,
@@ -165,7 +168,7 @@ if triton is not None:
         if HAS_HOST:
             tl.store(host_ptr + n, total)
             if HAS_STAMP:  # last store: says which launch wrote this host mirror
-                tl.store(host_ptr + n + 1, stamp.to(tl.int64))
+                tl.store(host_ptr + stamp_offset, stamp.to(tl.int64))
 
         # 3) consume-once poison, after every lane has read (duplicates read the value).
         if POISON:
@@ -219,7 +222,7 @@ def _launch_config(n: int, m: int):
 
 
 def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
-            err, poison, stamp=None):
+            err, poison, stamp=None, stamp_offset=0):
     n = gather_indices.shape[0]
     m = 0 if publish_indices is None else publish_indices.shape[0]
     if m == 0:  # any valid pointer will do; the masks keep it untouched
@@ -241,6 +244,7 @@ def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, 
         host_out if host_out is not None else out,
         err if err is not None else out,
         0 if stamp is None else stamp,
+        stamp_offset,
         HAS_HOST=host_out is not None,
         HAS_STAMP=stamp is not None,
         POISON=bool(poison),
@@ -254,7 +258,7 @@ def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, 
 
 
 def _reference_impl(buf, gather_indices, publish_indices, publish_values, out, out_sum,
-                    host_out, err, poison, stamp=None):
+                    host_out, err, poison, stamp=None, stamp_offset=0):
     if publish_indices is not None and publish_indices.shape[0]:
         buf[publish_indices.long()] = publish_values.to(buf.dtype)
     gathered = buf[gather_indices.long()]
@@ -268,7 +272,7 @@ def _reference_impl(buf, gather_indices, publish_indices, publish_values, out, o
         host_out[: gathered.shape[0]].copy_(gathered)
         host_out[gathered.shape[0]] = out_sum.reshape(())
         if stamp is not None:
-            host_out[gathered.shape[0] + 1] = stamp
+            host_out.view(-1)[stamp_offset] = stamp  # (a view of the whole ring row)
     if poison and gathered.numel():
         buf[gather_indices.long()] = -1
 
@@ -458,8 +462,9 @@ class PublishGather:
     writes so a step allocates at most its ``(n,)`` result (nothing with ``static_out``,
     which is what CUDA-graph capture needs).
 
-    The host mirror is double-buffered and stamped: launch ``k`` writes
-    ``[*lens, sum, k]`` into ring slot ``k % 2`` (pinned, zero-copy on CUDA), so the
+    The host mirror is double-buffered and stamped: launch ``k`` writes ``[*lens, sum]``
+    and, last, the stamp ``k`` (at a fixed place, the row's end) into ring slot ``k % 2``
+    (pinned, zero-copy on CUDA), so the
     launch for step ``k + 1`` never overwrites the slot the host is still reading, and
     :meth:`read_host` refuses (debug) or waits for (release) a slot whose stamp is not the
     one it expects: it never returns an older step's lengths."""
@@ -489,11 +494,12 @@ class PublishGather:
         self.step = 0
         self.launches = 0  # kernel (or reference) launches made, for counters and tests
 
-    def _host_slot(self, step: int, n: int) -> torch.Tensor:
+    def _host_row(self, step: int) -> torch.Tensor:
+        """Ring row ``step % 2``: ``[lens..., sum, (unused)..., stamp]``."""
         if self._host_ring is None:
             self._host_ring = torch.full((self.RING, self.max_batch + 2), -1,
                                          dtype=torch.int64, pin_memory=self._on_cuda)
-        return self._host_ring[step % self.RING, : n + 2]
+        return self._host_ring[step % self.RING]
 
     def __call__(self, gather_indices, publish_indices=None, publish_values=None, *,
                  host: bool = False) -> PublishGatherResult:
@@ -508,18 +514,18 @@ class PublishGather:
                else torch.empty((n,), dtype=self.buf.dtype, device=self.buf.device))
         step = self.step
         self.step += 1
-        host_view = self._host_slot(step, n) if host else None
+        row = self._host_row(step) if host else None
         if n == 0 and m == 0:
             self._out_sum.zero_()
-            if host_view is not None:
-                host_view[0], host_view[1] = 0, step
-            return PublishGatherResult(out, self._out_sum, self._flag, host_view, step)
+            if row is not None:
+                row[0], row[-1] = 0, step
+            return PublishGatherResult(out, self._out_sum, self._flag, row, step, n)
         impl = _reference_impl if self.backend == "reference" else _launch
         self.launches += 1
         impl(self.buf, gather_indices, publish_indices if m else None,
-             publish_values if m else None, out, self._out_sum, host_view, self._flag,
-             self.poison, step if host else None)
-        result = PublishGatherResult(out, self._out_sum, self._flag, host_view, step)
+             publish_values if m else None, out, self._out_sum, row, self._flag,
+             self.poison, step if host else None, self.max_batch + 1)
+        result = PublishGatherResult(out, self._out_sum, self._flag, row, step, n)
         if self.poison and not self._on_cuda:
             result.raise_if_poisoned()
         return result
@@ -531,18 +537,23 @@ class PublishGather:
         are copied out of the ring, so the caller owns them for as long as it likes."""
         if result.host is None:
             raise ValueError("this launch was made with host=False: it has no host mirror")
-        n = result.host.shape[0] - 2
-        stamp = int(result.host[n + 1])
+        n = result.n
+        stamp = int(result.host[-1])
         if stamp != result.stamp:
             if self.debug or wait is None:
                 raise StaleHostMirrorError(
                     f"host mirror slot holds step {stamp}, expected step {result.stamp}")
             wait()
-            stamp = int(result.host[n + 1])
+            stamp = int(result.host[-1])
             if stamp != result.stamp:
                 raise StaleHostMirrorError(
                     f"host mirror slot holds step {stamp} after waiting, expected "
                     f"step {result.stamp}")
         if self.poison:
             _raise_if_flagged(self._flag)
-        return result.host[:n].clone(), int(result.host[n])
+        lens, total = result.host[:n].clone(), int(result.host[n])
+        if int(result.host[-1]) != result.stamp:  # overwritten while copying: torn
+            raise StaleHostMirrorError(
+                f"host mirror slot was rewritten (step {int(result.host[-1])}) while step "
+                f"{result.stamp} was being read")
+        return lens, total

@@ -1,0 +1,185 @@
+"""No stale or torn lengths: the stamped, double-buffered host mirror and two batches in flight."""
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from traces import TraceConfig, _decode_batch, make_future_map
+
+from spec_fused.kernels.publish_gather import (
+    PoisonedSlotError,
+    PublishGather,
+    StaleHostMirrorError,
+    publish_gather_reference,
+)
+
+overlap_utils = pytest.importorskip("sglang.srt.managers.overlap_utils")
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+from spec_fused import relay as relay_mod  # noqa: E402
+from spec_fused.integration import sglang_patch  # noqa: E402
+
+
+@given(st.integers(1, 200), st.lists(st.tuples(st.sampled_from(["launch", "read"]),
+                                               st.integers(0, 50), st.integers(0, 10**6)),
+                                     max_size=40), st.booleans())
+def test_read_returns_that_launchs_lengths_or_refuses(pool, ops, debug):
+    g = torch.Generator().manual_seed(pool)
+    buf = torch.randint(0, 1000, (pool,), generator=g)
+    mirror = buf.clone()
+    pg = PublishGather(buf, max_batch=64, debug=debug)
+    launched = []  # (result, expected lens, expected sum, launch number)
+    for op, n, seed in ops:
+        if op == "launch" or not launched:
+            r = random.Random(seed)
+            gather = torch.tensor([r.randrange(pool) for _ in range(min(n, 64))], dtype=torch.int64)
+            pub = torch.tensor(r.sample(range(pool), min(pool, r.randrange(0, 5))), dtype=torch.int64)
+            vals = torch.tensor([r.randrange(5000) for _ in pub], dtype=torch.int32)
+            want = publish_gather_reference(mirror, gather, pub, vals)
+            res = pg(gather, pub, vals, host=True)
+            launched.append((res, want.seq_lens.tolist(), int(want.seq_lens_sum), len(launched)))
+            continue
+        res, lens, total, k = launched[seed % len(launched)]
+        newer = len(launched) - 1 - k
+        try:
+            got_lens, got_sum = pg.read_host(res, wait=lambda: None)
+        except StaleHostMirrorError:
+            assert newer >= PublishGather.RING - 1, "refused a slot no launch had reused"
+            continue
+        # Success is only ever the very launch's own lengths.
+        assert got_lens.tolist() == lens and got_sum == total
+        if newer >= PublishGather.RING:
+            # the slot was reused; it can only pass if the reuse wrote the same stamp: never
+            raise AssertionError("read an overwritten ring slot")
+
+
+def test_lengths_read_are_owned_by_the_caller():
+    buf = torch.arange(10, dtype=torch.int64)
+    pg = PublishGather(buf)
+    first = pg(torch.tensor([1, 2]), host=True)
+    lens, total = pg.read_host(first)
+    for _ in range(3):  # later launches reuse the ring; the copy handed out stays put
+        pg(torch.tensor([5, 6]), torch.tensor([5]), torch.tensor([99]), host=True)
+    assert lens.tolist() == [1, 2] and total == 3
+
+
+def _two_batch_ops():
+    op = st.tuples(st.sampled_from(["publish", "resolve", "finish"]), st.integers(0, 1),
+                   st.integers(0, 10**6))
+    return st.lists(op, min_size=1, max_size=60)
+
+
+@given(_two_batch_ops(), st.sampled_from(["EAGLE", "DFLASH"]))
+def test_two_batches_in_flight_random_interleavings(ops, algo_name):
+    """Publish/resolve of two batches interleaved at random, slots reused after a finish
+    and empty (DP-idle) batches: patched and unpatched FutureMaps see the same lengths."""
+    algo = SpeculativeAlgorithm[algo_name]
+    cfg = TraceConfig(pool=24)
+
+    def drive(fm):
+        free = list(range(1, cfg.pool))
+        batches = [[free.pop() for _ in range(3)], []]
+        lens = {s: 10 for b in batches for s in b}
+        fm.publish(torch.tensor(batches[0]), torch.tensor([lens[s] for s in batches[0]]))
+        seen = []
+        for op, b, seed in ops:
+            r = random.Random(seed)
+            slots = batches[b]
+            if op == "publish":
+                for s in slots:
+                    lens[s] += r.randint(1, 8)
+                fm.publish(torch.tensor(slots, dtype=torch.int64),
+                           torch.tensor([lens[s] for s in slots], dtype=torch.int32))
+            elif op == "resolve":
+                batch = _decode_batch(slots, cfg)
+                fm.resolve_seq_lens_cpu(batch)
+                seen.append((b, batch.seq_lens.tolist(),
+                             None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist(),
+                             batch.seq_lens_sum))
+            else:  # finish: free this batch's slots, reuse some for fresh requests
+                free.extend(slots)
+                r.shuffle(free)
+                batches[b] = [free.pop() for _ in range(r.randint(0, 4))]
+                for s in batches[b]:
+                    lens[s] = r.randint(1, 30)
+                fm.publish(torch.tensor(batches[b], dtype=torch.int64),
+                           torch.tensor([lens[s] for s in batches[b]], dtype=torch.int64))
+        return seen
+
+    want = drive(make_future_map(algo, cfg))
+    sglang_patch.apply()
+    try:
+        got = drive(make_future_map(algo, cfg))
+    finally:
+        sglang_patch.remove()
+    for (b1, dev1, host1, sum1), (b2, dev2, host2, sum2) in zip(got, want):
+        assert dev1 == dev2
+        if algo_name == "EAGLE":
+            assert (host1, sum1) == (host2, sum2)
+        else:
+            assert host1 is None and sum1 is None
+
+
+def test_planted_bug_reading_a_never_published_slot_is_caught(monkeypatch):
+    monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
+    cfg = TraceConfig(pool=16)
+    sglang_patch.apply()
+    try:
+        fm = make_future_map(SpeculativeAlgorithm.EAGLE, cfg)
+        fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
+        with pytest.raises(PoisonedSlotError, match="slot 5 ") as info:
+            fm.resolve_seq_lens_cpu(_decode_batch([1, 2, 5], cfg))
+        assert info.value.slot == 5
+    finally:
+        sglang_patch.remove()
+
+
+def test_debug_consume_once_catches_a_double_read(monkeypatch):
+    monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
+    cfg = TraceConfig(pool=16)
+    sglang_patch.apply()
+    try:
+        fm = make_future_map(SpeculativeAlgorithm.EAGLE, cfg)
+        fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
+        fm.resolve_seq_lens_cpu(_decode_batch([1, 2], cfg))
+        fm.publish(torch.tensor([1]), torch.tensor([9]))  # slot 2 not re-published
+        with pytest.raises(PoisonedSlotError) as info:
+            fm.resolve_seq_lens_cpu(_decode_batch([1, 2], cfg))
+        assert info.value.slot == 2
+    finally:
+        sglang_patch.remove()
+
+
+def _skip_host_write(relay):
+    real = relay.launcher.__class__.__call__
+
+    def call(self, *args, **kwargs):
+        res = real(self, *args, **kwargs)
+        if res.host is not None:
+            res.host[-1] = -12345  # a launch that did not write this slot
+        return res
+
+    relay.launcher.__class__ = type("Broken", (PublishGather,), {"__call__": call})
+
+
+@pytest.mark.parametrize("debug", [True, False])
+def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypatch, debug):
+    if debug:
+        monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
+    cfg = TraceConfig(pool=16)
+    sglang_patch.apply()
+    try:
+        fm = make_future_map(SpeculativeAlgorithm.EAGLE, cfg)
+        fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
+        _skip_host_write(relay_mod.relay_for(fm))
+        batch = _decode_batch([1, 2], cfg)
+        if debug:
+            with pytest.raises(StaleHostMirrorError, match="expected step"):
+                fm.resolve_seq_lens_cpu(batch)
+        else:
+            fm.resolve_seq_lens_cpu(batch)
+            assert batch.seq_lens_cpu.tolist() == [7, 8] and batch.seq_lens_sum == 15
+    finally:
+        sglang_patch.remove()
