@@ -235,8 +235,9 @@ def fences_own_shared_writes(algorithm) -> bool:
 def establish(caps: SpecCaps, algorithm) -> SpecCaps:
     """Hold the table and worker layers to what the installed SGLang actually does: skip
     the WAR barrier only for a worker that fences its own shared writes, hand a reserved
-    bound only to a worker that plans with one. An explicit environment setting stands."""
-    if caps.source == "env":
+    bound only to a worker that plans with one. Only the table's defaults are held to
+    account: what a worker declares about itself, or an explicit environment setting, stands."""
+    if caps.source != "table":
         return caps
     if not caps.needs_war_barrier and not fences_own_shared_writes(algorithm):
         caps = replace(caps, needs_war_barrier=True, source="installed",
