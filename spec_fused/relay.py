@@ -99,10 +99,10 @@ class FusedRelay:
         """FutureMap swapped its buffer (``_adopt_relay``): keep launching into the new one."""
         self.launcher.buf = buf
 
-    def _launch(self, gather_indices, host: bool):
+    def _launch(self, gather_indices, host: bool, out=None):
         publish = self.pending or (None, None)
         try:
-            result = self.launcher(gather_indices, *publish, host=host)
+            result = self.launcher(gather_indices, *publish, host=host, out=out)
         except (ValueError, TypeError):
             raise  # bad input is a bug in the caller, not a reason to change backend
         except Exception as exc:
@@ -112,7 +112,7 @@ class FusedRelay:
                      "fused kernel failed on %s (%s: %s); falling back to the torch reference",
                      self.device, type(exc).__name__, exc)
             self.launcher.backend = "reference"
-            result = self.launcher(gather_indices, *publish, host=host)
+            result = self.launcher(gather_indices, *publish, host=host, out=out)
         self.pending = None
         return result
 
@@ -143,8 +143,8 @@ class FusedRelay:
             relay.published_seq_lens = None  # a captured verify graph already scattered
         else:
             self.pending = (indices, new_seq_lens)
-            if self.on_cuda:
-                self.publish_stream = torch.cuda.current_stream(self.device)
+        if self.on_cuda:  # the stream whose order fences this step's values (graph or not)
+            self.publish_stream = torch.cuda.current_stream(self.device)
         if fm.spec_algo.is_some():  # as upstream: the event other readers gate on
             if fm.publish_ready is None:
                 fm.publish_ready = torch.get_device_module(self.device).Event()
@@ -173,10 +173,11 @@ class FusedRelay:
             result = self._launch(fi, host=host == "exact")
         elif self.variant == "barrier_free" and host != "exact":
             result = self._resolve_on_publish_stream(fm, fi)
-        elif host != "exact":
+        elif host != "exact":  # as upstream's GPU-only path: a device-side wait, no host one
             cur = torch.cuda.current_stream(self.device)
             if fm.publish_ready is not None:
                 cur.wait_event(fm.publish_ready)
+            self._keep_alive_on(cur)
             result = self._launch(fi, host=False)
         else:
             result = self._resolve_war_guarded(fm, fi)
@@ -204,15 +205,22 @@ class FusedRelay:
             lens = result.seq_lens.cpu()
             return lens, int(lens.sum())
 
+    def _new_lens(self, fi):
+        # On the caller's stream, like upstream's ``buf[fi]``: the result belongs to it.
+        return torch.empty((fi.shape[0],), dtype=torch.int64, device=self.device)
+
     def _resolve_on_publish_stream(self, fm, fi):
         cur = torch.cuda.current_stream(self.device)
-        stream = self.publish_stream or cur
+        stream = self.publish_stream
+        if stream is None:  # nothing published through us yet: fence on the event instead
+            stream = cur
+            if fm.publish_ready is not None:
+                cur.wait_event(fm.publish_ready)
         stream.wait_stream(cur)  # the indices were staged on the schedule stream
-        self._keep_alive_on(stream, fi)
+        out = self._new_lens(fi)
+        self._keep_alive_on(stream, fi, out)  # read/written there, freed on the caller's
         with torch.cuda.stream(stream):
-            result = self._launch(fi, host=False)
-        result.seq_lens.record_stream(stream)
-        return result
+            return self._launch(fi, host=False, out=out)
 
     def _resolve_war_guarded(self, fm, fi):
         cur = torch.cuda.current_stream(self.device)
@@ -222,13 +230,15 @@ class FusedRelay:
         stream = self.relay_stream
         if fm.publish_ready is not None:
             stream.wait_event(fm.publish_ready)
-        stream.wait_stream(cur)
-        self._keep_alive_on(stream, fi)
+        stream.wait_stream(cur)  # the indices were staged on the schedule stream
+        out = self._new_lens(fi)
+        self._keep_alive_on(stream)  # the pending publish was made on the forward stream
         with torch.cuda.stream(stream):
-            result = self._launch(fi, host=True)
+            result = self._launch(fi, host=True, out=out)
             self.done_event.record(stream)
-        result.seq_lens.record_stream(stream)
-        cur.wait_event(self.done_event)  # device-side: schedule-stream readers of seq_lens
+        # The caller's stream waits for the launch before anything reads (or frees and
+        # reuses) ``out``/``fi``, so they need no record_stream.
+        cur.wait_event(self.done_event)
         return result
 
 
@@ -287,6 +297,9 @@ def disable(relay: FusedRelay, reason: str) -> None:
     """Hand this FutureMap back to SGLang for good: land what is pending with plain torch
     (what upstream's publish does), then stop relaying."""
     if relay.pending is not None:
+        fm = relay.future_map_ref()
+        if relay.on_cuda and fm is not None and fm.publish_ready is not None:
+            torch.cuda.current_stream(relay.device).wait_event(fm.publish_ready)
         indices, values = relay.pending
         relay.launcher.buf[indices.long()] = values.to(relay.launcher.buf.dtype)
         relay.pending = None
@@ -307,4 +320,7 @@ def read_buffer(fm) -> torch.Tensor:
             relay.flush()
         except Exception as exc:
             disable(relay, f"flush failed: {exc}")
-    return fm.__dict__[BUF_ATTR]
+    try:
+        return fm.__dict__[BUF_ATTR]
+    except KeyError:
+        raise AttributeError(BUF_ATTR) from None

@@ -502,16 +502,21 @@ class PublishGather:
         return self._host_ring[step % self.RING]
 
     def __call__(self, gather_indices, publish_indices=None, publish_values=None, *,
-                 host: bool = False) -> PublishGatherResult:
+                 host: bool = False, out: Optional[torch.Tensor] = None) -> PublishGatherResult:
+        """One launch; ``out`` (else the static buffer, else a fresh tensor) gets the lengths.
+
+        Passing ``out`` lets a caller allocate on the stream that will own the result
+        while the launch itself runs on another."""
         n = gather_indices.shape[0]
         if n > self.max_batch:
             raise ValueError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
-        _validate(self.buf, gather_indices, publish_indices, publish_values, None, None, None,
+        _validate(self.buf, gather_indices, publish_indices, publish_values, out, None, None,
                   deep=self.validate or self.poison)
         _raise_if_flagged(self._flag)  # a previous launch's consume-once failure
         m = 0 if publish_indices is None else publish_indices.shape[0]
-        out = (self._static_out[:n] if self._static_out is not None
-               else torch.empty((n,), dtype=self.buf.dtype, device=self.buf.device))
+        if out is None:
+            out = (self._static_out[:n] if self._static_out is not None
+                   else torch.empty((n,), dtype=self.buf.dtype, device=self.buf.device))
         step = self.step
         self.step += 1
         row = self._host_row(step) if host else None
