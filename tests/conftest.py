@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 settings.register_profile(
     "fast", max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile(
-    "full", max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    "full", max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("SPEC_FUSED_HYPOTHESIS_PROFILE", "fast"))
 
 
