@@ -214,9 +214,14 @@ def median(values: Iterable[float]) -> float:
     return statistics.median(data) if data else float("nan")
 
 
+_MARKERS = ("o", "s", "^", "D", "v", "x")
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
 def plot_lines(series: dict, path: Path, *, title: str, xlabel: str, ylabel: str,
-               logx: bool = True, logy: bool = True, ax=None):
-    """One line per ``series[label] = (xs, ys)``; saves ``path`` unless an ``ax`` is given."""
+               logx: bool = True, logy: bool = True, ax=None, colors: Optional[dict] = None):
+    """One line per ``series[label] = (xs, ys)``; saves ``path`` unless an ``ax`` is given.
+    Markers and line styles differ per series, so lines that coincide stay visible."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -225,10 +230,12 @@ def plot_lines(series: dict, path: Path, *, title: str, xlabel: str, ylabel: str
     own = ax is None
     if own:
         fig, ax = plt.subplots(figsize=(8, 5))
-    for label, (xs, ys) in series.items():
+    for i, (label, (xs, ys)) in enumerate(series.items()):
         pts = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
         if pts:
-            ax.plot(*zip(*pts), marker="o", markersize=3, label=label)
+            ax.plot(*zip(*pts), marker=_MARKERS[i % len(_MARKERS)], markersize=5 - i % 3,
+                    linestyle=_LINESTYLES[i % len(_LINESTYLES)], label=label,
+                    color=(colors or {}).get(label))
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
@@ -243,6 +250,16 @@ def plot_lines(series: dict, path: Path, *, title: str, xlabel: str, ylabel: str
         fig.savefig(path, dpi=120)
         plt.close(fig)
     return path
+
+
+def prepare_device(device: torch.device) -> dict:
+    """Per-run settings that make timings comparable; returned for the results' config.
+
+    On CPU torch runs single-threaded: on a small VM, OpenMP wake-ups of a second thread
+    add millisecond spikes to microsecond ops (index_put_ of 4096 values: 8 µs or 8 ms)."""
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    return {"torch_threads": torch.get_num_threads()}
 
 
 def synchronize(device: torch.device) -> None:
@@ -328,12 +345,15 @@ def relay_buffer(fm) -> torch.Tensor:
     return fm.__dict__["new_seq_lens_buf"]
 
 
-def decode_batch(indices: torch.Tensor):
-    """The ScheduleBatch fields ``resolve_seq_lens_cpu`` reads and writes."""
+def decode_batch(indices: torch.Tensor, indices_cpu: Optional[torch.Tensor] = None):
+    """The ScheduleBatch fields ``resolve_seq_lens_cpu`` reads and writes. Pass the host
+    copy of the indices where a D2H copy of them would be a sync in a timed loop."""
+    if indices_cpu is None:
+        indices_cpu = indices.to("cpu", copy=True)
     return SimpleNamespace(
         spec_info=SimpleNamespace(future_indices=indices),
         req_pool_indices=indices,
-        req_pool_indices_cpu=indices.to("cpu", copy=True),
+        req_pool_indices_cpu=indices_cpu,
         seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)
 
 
@@ -725,11 +745,16 @@ def count_step(step: Callable[[], None], device: torch.device, *, roles=(), reps
     with SyncCounter(device, roles) as syncs, D2HCounter(device, roles) as d2h:
         for _ in range(reps):
             step()
-        synchronize(device)
+    synchronize(device)  # outside: the harness's own sync is not the step's
     with LaunchCounter(device, roles) as launches:
         for _ in range(reps):
             step()
+    source = "torch.profiler device activities" if device.type == "cuda" else \
+        "triton launches + device-role aten ops + .cpu()"
+    if device.type == "cuda" and launches.count == 0:
+        source += " (none seen: is CUPTI available?)"
     return {
+        "launch_source": source,
         "launches": _per_call(launches.count, reps),
         "d2h_bytes": _per_call(d2h.bytes, reps),
         "host_syncs": _per_call(syncs.count, reps),

@@ -69,12 +69,10 @@ overlap_utils = pytest.importorskip("sglang.srt.managers.overlap_utils")
        algo=st.sampled_from(["EAGLE", "DFLASH", "NGRAM"]))
 def test_patched_future_map_op_sequence_fuzz(ops, algo):
     """Any sequence of publish/resolve/mixed-tail/buffer reads, patched vs unpatched."""
-    from traces import TraceConfig, _decode_batch, make_future_map
     from types import SimpleNamespace
 
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    from spec_fused.integration import sglang_patch
+    from traces import TraceConfig, _decode_batch, unpatched_then_patched
 
     cfg = TraceConfig(pool=32, max_len=1024)
 
@@ -104,13 +102,7 @@ def test_patched_future_map_op_sequence_fuzz(ops, algo):
                 seen.append(("b", fm.new_seq_lens_buf.tolist()))
         return seen
 
-    spec = SpeculativeAlgorithm[algo]
-    want = drive(make_future_map(spec, cfg))
-    sglang_patch.apply()
-    try:
-        got = drive(make_future_map(spec, cfg))
-    finally:
-        sglang_patch.remove()
+    want, got = unpatched_then_patched(drive, SpeculativeAlgorithm[algo], cfg)
     for g, w in zip(got, want):
         if algo == "DFLASH" and g[0] == "r":
             assert g[1] == w[1] and g[2] is None

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from traces import TraceConfig, _decode_batch, make_future_map
+from traces import TraceConfig, _decode_batch, patched_future_map, unpatched_then_patched
 
 from spec_fused.kernels.publish_gather import (
     PoisonedSlotError,
@@ -19,7 +19,6 @@ overlap_utils = pytest.importorskip("sglang.srt.managers.overlap_utils")
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from spec_fused import relay as relay_mod  # noqa: E402
-from spec_fused.integration import sglang_patch  # noqa: E402
 
 
 @given(st.integers(1, 200), st.lists(st.tuples(st.sampled_from(["launch", "read"]),
@@ -108,12 +107,7 @@ def test_two_batches_in_flight_random_interleavings(ops, algo_name):
                            torch.tensor([lens[s] for s in batches[b]], dtype=torch.int64))
         return seen
 
-    want = drive(make_future_map(algo, cfg))
-    sglang_patch.apply()
-    try:
-        got = drive(make_future_map(algo, cfg))
-    finally:
-        sglang_patch.remove()
+    want, got = unpatched_then_patched(drive, algo, cfg)
     for (b1, dev1, host1, sum1), (b2, dev2, host2, sum2) in zip(got, want):
         assert dev1 == dev2
         if algo_name == "EAGLE":
@@ -122,34 +116,30 @@ def test_two_batches_in_flight_random_interleavings(ops, algo_name):
             assert host1 is None and sum1 is None
 
 
-def test_planted_bug_reading_a_never_published_slot_is_caught(monkeypatch):
-    monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
-    cfg = TraceConfig(pool=16)
-    sglang_patch.apply()
-    try:
-        fm = make_future_map(SpeculativeAlgorithm.EAGLE, cfg)
-        fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
-        with pytest.raises(PoisonedSlotError, match="slot 5 ") as info:
-            fm.resolve_seq_lens_cpu(_decode_batch([1, 2, 5], cfg))
-        assert info.value.slot == 5
-    finally:
-        sglang_patch.remove()
+SMALL = TraceConfig(pool=16)
 
 
-def test_debug_consume_once_catches_a_double_read(monkeypatch):
+@pytest.fixture
+def debug_fm(monkeypatch):
     monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
-    cfg = TraceConfig(pool=16)
-    sglang_patch.apply()
-    try:
-        fm = make_future_map(SpeculativeAlgorithm.EAGLE, cfg)
-        fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
-        fm.resolve_seq_lens_cpu(_decode_batch([1, 2], cfg))
-        fm.publish(torch.tensor([1]), torch.tensor([9]))  # slot 2 not re-published
-        with pytest.raises(PoisonedSlotError) as info:
-            fm.resolve_seq_lens_cpu(_decode_batch([1, 2], cfg))
-        assert info.value.slot == 2
-    finally:
-        sglang_patch.remove()
+    with patched_future_map(SpeculativeAlgorithm.EAGLE, SMALL) as fm:
+        yield fm
+
+
+def test_planted_bug_reading_a_never_published_slot_is_caught(debug_fm):
+    debug_fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
+    with pytest.raises(PoisonedSlotError, match="slot 5 ") as info:
+        debug_fm.resolve_seq_lens_cpu(_decode_batch([1, 2, 5], SMALL))
+    assert info.value.slot == 5
+
+
+def test_debug_consume_once_catches_a_double_read(debug_fm):
+    debug_fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
+    debug_fm.resolve_seq_lens_cpu(_decode_batch([1, 2], SMALL))
+    debug_fm.publish(torch.tensor([1]), torch.tensor([9]))  # slot 2 not re-published
+    with pytest.raises(PoisonedSlotError) as info:
+        debug_fm.resolve_seq_lens_cpu(_decode_batch([1, 2], SMALL))
+    assert info.value.slot == 2
 
 
 def _skip_host_write(relay):
@@ -168,18 +158,13 @@ def _skip_host_write(relay):
 def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypatch, debug):
     if debug:
         monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
-    cfg = TraceConfig(pool=16)
-    sglang_patch.apply()
-    try:
-        fm = make_future_map(SpeculativeAlgorithm.EAGLE, cfg)
+    with patched_future_map(SpeculativeAlgorithm.EAGLE, SMALL) as fm:
         fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
         _skip_host_write(relay_mod.relay_for(fm))
-        batch = _decode_batch([1, 2], cfg)
+        batch = _decode_batch([1, 2], SMALL)
         if debug:
             with pytest.raises(StaleHostMirrorError, match="expected step"):
                 fm.resolve_seq_lens_cpu(batch)
         else:
             fm.resolve_seq_lens_cpu(batch)
             assert batch.seq_lens_cpu.tolist() == [7, 8] and batch.seq_lens_sum == 15
-    finally:
-        sglang_patch.remove()

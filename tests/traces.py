@@ -11,6 +11,7 @@ seed run through the unpatched and the patched FutureMap must record the same th
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -53,6 +54,31 @@ def make_future_map(spec_algo, cfg: TraceConfig, *, needs_cpu_seq_lens=True):
 
     return FutureMap(torch.device("cpu"), spec_algo, make_pool(cfg.pool, cfg.max_len),
                      needs_cpu_seq_lens=needs_cpu_seq_lens)
+
+
+def unpatched_then_patched(drive, algo, cfg: TraceConfig, **fm_kwargs):
+    """``drive`` run on SGLang's FutureMap as shipped, then on a patched one: both results."""
+    from spec_fused.integration import sglang_patch
+
+    want = drive(make_future_map(algo, cfg, **fm_kwargs))
+    sglang_patch.apply()
+    try:
+        got = drive(make_future_map(algo, cfg, **fm_kwargs))
+    finally:
+        sglang_patch.remove()
+    return want, got
+
+
+@contextlib.contextmanager
+def patched_future_map(algo, cfg: TraceConfig, **fm_kwargs):
+    """A FutureMap made, and used, while spec_fused is applied."""
+    from spec_fused.integration import sglang_patch
+
+    sglang_patch.apply()
+    try:
+        yield make_future_map(algo, cfg, **fm_kwargs)
+    finally:
+        sglang_patch.remove()
 
 
 def _decode_batch(slots, cfg):

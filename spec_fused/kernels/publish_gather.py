@@ -118,51 +118,34 @@ if triton is not None:
         HAS_STAMP: tl.constexpr,
         POISON: tl.constexpr,
         BLOCK: tl.constexpr,
-        SINGLE_BLOCK: tl.constexpr,
     ):
+        # Usual decode batches fit one block (BLOCK >= max(n, m)): each loop below runs
+        # once. Larger batches loop inside the same program - still one launch, and the
+        # publish-before-gather order needs no grid-wide barrier.
         lanes = tl.arange(0, BLOCK)
         # 1) publish: buf[pub_idx] = pub_val (cast to int64 in registers).
-        if SINGLE_BLOCK:
-            mask = lanes < m
-            idx = tl.load(pub_idx_ptr + lanes * pub_idx_stride, mask=mask, other=0)
-            val = tl.load(pub_val_ptr + lanes * pub_val_stride, mask=mask, other=0)
+        for start in range(0, m, BLOCK):
+            offs = start + lanes
+            mask = offs < m
+            idx = tl.load(pub_idx_ptr + offs * pub_idx_stride, mask=mask, other=0)
+            val = tl.load(pub_val_ptr + offs * pub_val_stride, mask=mask, other=0)
             tl.store(buf_ptr + idx.to(tl.int64), val.to(tl.int64), mask=mask)
-        else:
-            for start in range(0, m, BLOCK):
-                offs = start + lanes
-                mask = offs < m
-                idx = tl.load(pub_idx_ptr + offs * pub_idx_stride, mask=mask, other=0)
-                val = tl.load(pub_val_ptr + offs * pub_val_stride, mask=mask, other=0)
-                tl.store(buf_ptr + idx.to(tl.int64), val.to(tl.int64), mask=mask)
         # Publish happens-before gather: every lane's store is visible to every lane.
         tl.debug_barrier()
 
         # 2) gather + sum (+ host mirror, + consume-once check).
         acc = tl.zeros([BLOCK], dtype=tl.int64)
-        if SINGLE_BLOCK:
-            mask = lanes < n
-            idx = tl.load(gat_idx_ptr + lanes * gat_idx_stride, mask=mask, other=0)
-            idx = idx.to(tl.int64)
+        for start in range(0, n, BLOCK):
+            offs = start + lanes
+            mask = offs < n
+            idx = tl.load(gat_idx_ptr + offs * gat_idx_stride, mask=mask, other=0).to(tl.int64)
             v = tl.load(buf_ptr + idx, mask=mask, other=0)
-            tl.store(out_ptr + lanes, v, mask=mask)
+            tl.store(out_ptr + offs, v, mask=mask)
             if HAS_HOST:
-                tl.store(host_ptr + lanes, v, mask=mask)
+                tl.store(host_ptr + offs, v, mask=mask)
             acc += v
             if POISON:
-                tl.store(err_ptr + lanes * 0, idx, mask=mask & (v < 0))
-        else:
-            for start in range(0, n, BLOCK):
-                offs = start + lanes
-                mask = offs < n
-                idx = tl.load(gat_idx_ptr + offs * gat_idx_stride, mask=mask, other=0)
-                idx = idx.to(tl.int64)
-                v = tl.load(buf_ptr + idx, mask=mask, other=0)
-                tl.store(out_ptr + offs, v, mask=mask)
-                if HAS_HOST:
-                    tl.store(host_ptr + offs, v, mask=mask)
-                acc += v
-                if POISON:
-                    tl.store(err_ptr + offs * 0, idx, mask=mask & (v < 0))
+                tl.store(err_ptr + offs * 0, idx, mask=mask & (v < 0))
         total = tl.sum(acc, axis=0)
         tl.store(out_sum_ptr, total)
         if HAS_HOST:
@@ -214,11 +197,9 @@ def backend_for(device) -> str:
 
 
 def _launch_config(n: int, m: int):
-    longest = max(n, m, 1)
-    if longest <= SINGLE_BLOCK_MAX:
-        block = max(16, triton.next_power_of_2(longest))
-        return block, True, 4 if block <= 512 else 8
-    return 1024, False, 8
+    """``(BLOCK, num_warps)``: one block covers the usual batch; beyond, 1024-wide steps."""
+    block = min(SINGLE_BLOCK_MAX, max(16, triton.next_power_of_2(max(n, m, 1))))
+    return block, 4 if block <= 512 else 8
 
 
 def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
@@ -227,7 +208,7 @@ def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, 
     m = 0 if publish_indices is None else publish_indices.shape[0]
     if m == 0:  # any valid pointer will do; the masks keep it untouched
         publish_indices = publish_values = gather_indices
-    block, single, num_warps = _launch_config(n, m)
+    block, num_warps = _launch_config(n, m)
     _publish_gather_kernel[(1,)](
         buf,
         buf.shape[0],
@@ -249,7 +230,6 @@ def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, 
         HAS_STAMP=stamp is not None,
         POISON=bool(poison),
         BLOCK=block,
-        SINGLE_BLOCK=single,
         num_warps=num_warps,
     )
 

@@ -1,0 +1,707 @@
+"""A/B throughput: SGLang's overlap event loop replayed without model weights.
+
+Why a replay: the relay's cost matters only where it stalls the overlap loop, i.e. where
+the host waits for the device (SGLang's resolve synchronizes on a whole-pool D2H copy) or
+the device waits for the host. A kernel microbenchmark cannot show that; a real server
+needs weights and a GPU (``bench/ab_server.sh`` does that). This replay keeps everything
+of ``Scheduler.event_loop_overlap`` + ``run_batch`` that touches the relay, on the *real*
+``FutureMap`` class, and replaces the model with a forward of calibrated duration:
+
+    loop:  schedule (host bookkeeping, half the calibrated cost, input H2D on the
+           schedule stream)
+           run_batch: resolve_seq_lens_cpu(batch)           [schedule stream]
+                      forward prepare (host, calibrated: ForwardBatch, attn metadata)
+                      forward_stream.wait_stream(schedule_stream)
+                      forward part 1 (verify) -> on_publish = FutureMap.publish
+                      forward part 2 (draft extend)           [forward stream]
+           _apply_war_barrier: schedule_stream.wait_stream(forward_stream), if the
+                      Scheduler's rule applies (arm A: always on CUDA; arm B/C: CUDA and
+                      ``establish(caps_for(algorithm))`` needs it; never on CPU, as upstream)
+           process the previous batch's result: wait for its forward, host bookkeeping
+           (the other half of the calibrated cost)
+
+Arms, interleaved ABCABC... in one process, several rounds: A = SGLang's ``FutureMap``
+unpatched; B = ``sglang_patch.apply()``; C = ideal, no relay at all (lengths carried on
+the host, no publish, no resolve, same WAR-barrier rule as B). Continuous batching at a
+fixed concurrency: requests with random output lengths finish and are replaced, slots are
+reused (FIFO, so never inside one publish), a joining request's prefill length is
+published with the step before it joins. Accept lengths are drawn per request and step
+(DFLASH-like: block 16, accept 1..16; EAGLE-like: chains, accept 1..4), the same draws
+for every arm. tokens/s = accepted tokens / wall time.
+
+The forward: on CUDA ``torch.cuda._sleep`` for the calibrated number of cycles (the device
+is busy, the host is free: what a CUDA-graph forward looks like to the scheduler). On CPU
+there is no asynchronous device, so the forward runs on a *virtual timeline*: it occupies
+the "device" from its launch for its duration, ``wait`` sleeps until the recorded time,
+and the relay's own work runs on the host thread as SGLang's CPU path does (the host waits
+for the publish time before a resolve, which stands for the publish -> resolve fence).
+No background thread: nothing competes with the host for the GIL. Busy work would be
+wrong there (it would serialize "device" and host). Host bookkeeping is a busy-wait of
+calibrated cost, because real scheduler work occupies the core.
+
+On CPU, arm B runs spec_fused's production CPU backend by default: the plain-torch
+reference (``backend_for("cpu")`` without the interpreter), so B/A there compares what a
+CPU server would run. ``--kernel-backend interpreter`` runs the Triton kernel in the
+interpreter instead (milliseconds a launch: that proves the loop, it is not speed).
+SGLang's CPU relay has no D2H copy and no real sync, so on CPU B/A shows overhead, not
+what the fusion buys on a GPU.
+
+    TRITON_INTERPRET=1 python -m bench.ab_throughput --quick     # CPU, < ~4 min
+    python -m bench.ab_throughput --out /tmp/run                 # CUDA
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Optional
+
+from bench import common  # first: sets TRITON_INTERPRET on CPU before triton is imported
+
+import torch
+
+ARMS = ("A", "B", "C")
+ALGORITHMS = ("DFLASH", "EAGLE")
+FULL_CONCURRENCY = (1, 8, 32, 64, 128, 256)
+QUICK_CONCURRENCY = (1, 32, 128)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one decode step costs, device and host. It is a model: the defaults stand for
+    a small (~1-3B) target with CUDA graphs, whose forward costs ``fwd_base_ms`` plus
+    ``fwd_per_token_us`` per verified token; the scheduler's per-step Python
+    (``get_next_batch_to_run`` + ``process_batch_result``) costs ``sched_base_us`` plus
+    ``sched_per_req_us`` per request; preparing and enqueuing the forward after the
+    resolve (``ForwardBatch`` init, attention metadata from the host lengths, graph
+    replay) costs ``launch_us`` plus ``launch_per_req_us`` per request. Larger models
+    mean longer forwards and smaller relay shares; every field has a flag."""
+
+    algorithm: str
+    max_accept: int  # accepted tokens per request and step: 1..max_accept
+    accept_rate: float  # per-draft-token acceptance probability
+    verify_tokens: int  # tokens verified per request and step
+    fwd_base_ms: float = 2.5
+    fwd_per_token_us: float = 5.0
+    publish_frac: float = 0.7  # share of the forward before on_publish (verify)
+    sched_base_us: float = 300.0
+    sched_per_req_us: float = 3.0
+    launch_us: float = 150.0
+    launch_per_req_us: float = 1.0
+    out_len: tuple = (64, 512)
+    prompt_len: tuple = (128, 1024)
+
+    def forward_s(self, batch: int) -> float:
+        return (self.fwd_base_ms * 1e-3
+                + self.fwd_per_token_us * 1e-6 * self.verify_tokens * batch)
+
+    def host_s(self, batch: int) -> float:
+        return (self.sched_base_us + self.sched_per_req_us * batch) * 1e-6
+
+    def launch_s(self, batch: int) -> float:
+        return (self.launch_us + self.launch_per_req_us * batch) * 1e-6
+
+    def draw_accept(self, rng: random.Random) -> int:
+        accept = 1  # the bonus token always lands
+        while accept < self.max_accept and rng.random() < self.accept_rate:
+            accept += 1
+        return accept
+
+
+WORKLOADS = {
+    "DFLASH": Workload("DFLASH", max_accept=16, accept_rate=0.8, verify_tokens=16),
+    "EAGLE": Workload("EAGLE", max_accept=4, accept_rate=0.7, verify_tokens=8,
+                      fwd_base_ms=2.0),
+}
+
+
+# --------------------------------------------------------------------------- timelines
+
+
+@dataclass
+class Forward:
+    done: object = None  # CUDA event
+    publish_at: float = 0.0  # virtual timeline (CPU)
+    done_at: float = 0.0
+
+
+def sleep_until(deadline: float) -> None:
+    remaining = deadline - time.perf_counter()
+    if remaining > 3e-4:
+        time.sleep(remaining - 2e-4)
+    common.spin_until(deadline)
+
+
+class CudaTimeline:
+    """SGLang's two streams; the forward is ``torch.cuda._sleep`` of calibrated cycles."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.schedule_stream = torch.cuda.Stream(device)
+        self.forward_stream = torch.cuda.Stream(device)
+        self.cycles_per_s = self._calibrate()
+
+    def _calibrate(self) -> float:
+        torch.cuda._sleep(1000)
+        rates = []
+        for cycles in (2_000_000, 10_000_000, 10_000_000):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            rates.append(cycles / (start.elapsed_time(end) * 1e-3))
+        return common.median(rates[1:])
+
+    def scope(self):
+        return torch.cuda.stream(self.schedule_stream)
+
+    def stage(self, values: list) -> torch.Tensor:
+        """H2D from pinned memory on the schedule stream, as SGLang stages batch inputs."""
+        host = torch.tensor(values, dtype=torch.int64).pin_memory()
+        return host.to(self.device, non_blocking=True)
+
+    def _sleep(self, seconds: float) -> None:
+        cycles = int(seconds * self.cycles_per_s)
+        if cycles > 0:
+            torch.cuda._sleep(cycles)
+
+    def forward(self, part1_s: float, part2_s: float,
+                on_publish: Optional[Callable]) -> Forward:
+        with torch.cuda.stream(self.forward_stream):
+            self.forward_stream.wait_stream(self.schedule_stream)
+            self._sleep(part1_s)
+            if on_publish is not None:
+                on_publish()
+            self._sleep(part2_s)
+            done = torch.cuda.Event()
+            done.record(self.forward_stream)
+        return Forward(done=done)
+
+    def before_resolve(self, last: Forward) -> None:
+        """Nothing: on CUDA the relay orders itself behind the publish (event / stream)."""
+
+    def war_barrier(self) -> None:
+        self.schedule_stream.wait_stream(self.forward_stream)
+
+    def wait_done(self, fwd: Forward) -> None:
+        fwd.done.synchronize()
+
+    def drain(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
+class VirtualTimeline:
+    """CPU: the forward occupies a virtual device for its duration; waits sleep until then."""
+
+    cycles_per_s = None
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.free_at = 0.0
+
+    def scope(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def stage(self, values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64)
+
+    def forward(self, part1_s, part2_s, on_publish) -> Forward:
+        start = max(time.perf_counter(), self.free_at)
+        fwd = Forward(publish_at=start + part1_s, done_at=start + part1_s + part2_s)
+        if on_publish is not None:
+            on_publish()  # the host enqueues it mid-forward; its data is ready at publish_at
+        self.free_at = fwd.done_at
+        return fwd
+
+    def before_resolve(self, last: Forward) -> None:
+        sleep_until(last.publish_at)
+
+    def war_barrier(self) -> None:
+        """Upstream enables the barrier on CUDA only (or SGLANG_ENABLE_WAR_BARRIER)."""
+
+    def wait_done(self, fwd: Forward) -> None:
+        sleep_until(fwd.done_at)
+
+    def drain(self) -> None:
+        sleep_until(self.free_at)
+
+
+def make_timeline(device: torch.device):
+    return CudaTimeline(device) if device.type == "cuda" else VirtualTimeline(device)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class Requests:
+    """Continuous batching at a fixed concurrency; slots come from a FIFO free list."""
+
+    def __init__(self, concurrency: int, pool: int, wl: Workload, seed: int):
+        if pool < 2 * concurrency + 2:
+            raise ValueError(f"pool {pool} too small for concurrency {concurrency}")
+        self.wl = wl
+        self.rng = random.Random(seed * 7919 + 1)
+        self.free = deque(range(1, pool))  # slot 0 is the KV padding row, as upstream
+        self.length: dict = {}
+        self.left: dict = {}
+        for _ in range(concurrency):
+            self._admit()
+
+    def _admit(self) -> int:
+        slot = self.free.popleft()
+        self.length[slot] = self.rng.randint(*self.wl.prompt_len)
+        self.left[slot] = self.rng.randint(*self.wl.out_len)
+        return slot
+
+    def initial(self) -> tuple:
+        slots = list(self.length)
+        return slots, [self.length[s] for s in slots]
+
+    def step(self, accepts: list) -> tuple:
+        """Advance the running batch by ``accepts``; returns the batch slots, their
+        lengths before the step, what the forward publishes and the accepted tokens."""
+        slots = list(self.length)
+        lens = [self.length[s] for s in slots]
+        pub_vals, finished, tokens = [], [], 0
+        for slot, accept in zip(slots, accepts):
+            got = min(accept, self.left[slot])
+            tokens += got
+            self.left[slot] -= got
+            self.length[slot] += accept
+            pub_vals.append(self.length[slot])
+            if self.left[slot] <= 0:
+                finished.append(slot)
+        pub_slots = list(slots)
+        for slot in finished:
+            del self.length[slot], self.left[slot]
+            self.free.append(slot)
+        for _ in finished:  # the prefill of a joining request publishes its first length
+            slot = self._admit()
+            pub_slots.append(slot)
+            pub_vals.append(self.length[slot])
+        return slots, lens, pub_slots, pub_vals, tokens
+
+
+# --------------------------------------------------------------------------- arms
+
+
+@dataclass
+class Arm:
+    name: str
+    fm: object = None
+    relay: object = None
+    war_barrier: bool = False
+    host_lengths: bool = False
+    variant: str = "none"
+
+
+def arm_b_env(algorithm: str, force_barrier_free: bool) -> Optional[dict]:
+    return common.ENV_BARRIER_FREE if force_barrier_free and algorithm == "DFLASH" else None
+
+
+def arm_b_caps(algorithm: str, force_barrier_free: bool, needs_cpu_seq_lens: bool):
+    """The capabilities the patched Scheduler establishes for ``algorithm``."""
+    import os
+    from types import SimpleNamespace
+
+    from spec_fused.caps import caps_for, establish
+
+    env = {**os.environ, **(arm_b_env(algorithm, force_barrier_free) or {})}
+    backends = [SimpleNamespace(needs_cpu_seq_lens=needs_cpu_seq_lens)]
+    return establish(caps_for(algorithm, attn_backends=backends, env=env), algorithm)
+
+
+def make_arm(name: str, algorithm: str, device: torch.device, args) -> Arm:
+    on_cuda = device.type == "cuda"
+    if name == "A":
+        fm, _ = common.make_future_map(algorithm, device, args.pool, fused=False,
+                                       needs_cpu_seq_lens=args.needs_cpu_seq_lens)
+        return Arm("A", fm, None, on_cuda, args.needs_cpu_seq_lens, "sglang")
+    caps = arm_b_caps(algorithm, args.force_barrier_free, args.needs_cpu_seq_lens)
+    barrier = on_cuda and caps.needs_war_barrier
+    if name == "C":
+        return Arm("C", None, None, barrier, True, "ideal")
+    fm, relay = common.make_future_map(algorithm, device, args.pool, fused=True,
+                                       env=arm_b_env(algorithm, args.force_barrier_free),
+                                       needs_cpu_seq_lens=args.needs_cpu_seq_lens)
+    if relay.caps.needs_war_barrier != caps.needs_war_barrier:
+        raise RuntimeError(f"relay caps {relay.caps} disagree with the scheduler's {caps}")
+    if args.kernel_backend != "auto":
+        relay.launcher.backend = args.kernel_backend
+    exact = args.needs_cpu_seq_lens and relay.host_seq_lens == "exact"
+    return Arm("B", fm, relay, barrier, exact, relay.variant)
+
+
+def prewarm(arm: Arm, timeline, concurrency: int, pool: int) -> None:
+    """Compile the fused kernel for the block sizes this run launches (n = concurrency,
+    m = concurrency .. 2 * concurrency publishes) before anything is timed."""
+    if arm.relay is None:
+        return
+    with timeline.scope():
+        gather = timeline.stage(list(range(1, concurrency + 1)))
+        for m in sorted({concurrency, min(2 * concurrency, pool - 1)}):
+            pub = timeline.stage(list(range(1, m + 1)))
+            fwd = timeline.forward(0.0, 0.0, lambda: arm.fm.publish(pub, pub))
+            timeline.before_resolve(fwd)
+            arm.fm.resolve_seq_lens_cpu(common.decode_batch(gather, gather.to("cpu")))
+        timeline.drain()
+
+
+@dataclass
+class RunResult:
+    tokens: int
+    wall_s: float
+    step_ms: list = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+class OverlapLoop:
+    """One continuous-batching run of one arm, step by step as ``event_loop_overlap``."""
+
+    def __init__(self, arm: Arm, wl: Workload, timeline, concurrency: int, pool: int,
+                 seed: int, steps: int):
+        self.arm, self.fm, self.wl, self.timeline = arm, arm.fm, wl, timeline
+        self.reqs = Requests(concurrency, pool, wl, seed)
+        draws = random.Random(seed)  # the same accept lengths for every arm
+        self.accepts = [[wl.draw_accept(draws) for _ in range(concurrency)]
+                        for _ in range(steps)]
+        self.keep_alive = deque(maxlen=4)  # cross-stream lifetimes (SGLang: batch_record_buf)
+        self.batch = self.expected = None
+        self.last: Optional[Forward] = None
+
+    def _publish(self, idx, vals) -> Optional[Callable]:
+        return (lambda: self.fm.publish(idx, vals)) if self.fm is not None else None
+
+    def bootstrap(self) -> None:
+        """The prefills of the first requests publish their lengths."""
+        slots, lens = self.reqs.initial()
+        idx, vals = self.timeline.stage(slots), self.timeline.stage(lens)
+        self.keep_alive.append((idx, vals))
+        self.last = self.timeline.forward(0.0, 0.0, self._publish(idx, vals))
+        self.timeline.drain()
+
+    def step(self, k: int, top: float) -> int:
+        """One loop iteration started at ``top``; returns the tokens it accepts."""
+        n = len(self.reqs.length)
+        half = self.wl.host_s(n) / 2
+        # get_next_batch_to_run: bookkeeping; batch inputs staged on the schedule stream
+        slots, lens, pub_slots, pub_vals, tokens = self.reqs.step(self.accepts[k])
+        idx = self.timeline.stage(slots)
+        pub_idx, pub_val = self.timeline.stage(pub_slots), self.timeline.stage(pub_vals)
+        common.spin_until(top + half)
+        fwd = self.run_batch(idx, slots, lens, self._publish(pub_idx, pub_val))
+        self.keep_alive.append((idx, pub_idx, pub_val, self.batch))
+        if self.arm.war_barrier:  # Scheduler._apply_war_barrier
+            self.timeline.war_barrier()
+        # process the previous batch's result: it waits for that forward
+        self.timeline.wait_done(self.last)
+        common.spin_until(time.perf_counter() + half)
+        self.last = fwd
+        return tokens
+
+    def run_batch(self, idx, slots, lens, publish) -> Forward:
+        n = len(slots)
+        if self.fm is not None:
+            self.batch = common.decode_batch(idx, torch.tensor(slots, dtype=torch.int64))
+            self.expected = lens
+            self.timeline.before_resolve(self.last)
+            self.fm.resolve_seq_lens_cpu(self.batch)
+        common.spin_until(time.perf_counter() + self.wl.launch_s(n))  # forward prepare
+        fwd_s = self.wl.forward_s(n)
+        return self.timeline.forward(fwd_s * self.wl.publish_frac,
+                                     fwd_s * (1 - self.wl.publish_frac), publish)
+
+    def run(self, steps: int, warmup: int) -> RunResult:
+        """``steps`` iterations, the first ``warmup`` untimed; GC off while timing."""
+        step_ms, tokens, t_start, last_top = [], 0, None, None
+        with self.timeline.scope():
+            self.bootstrap()
+            gc.collect()
+            gc.disable()
+            try:
+                for k in range(steps):
+                    top = time.perf_counter()
+                    if k == warmup:
+                        t_start = top
+                    elif k > warmup:
+                        step_ms.append((top - last_top) * 1e3)
+                    last_top = top
+                    got = self.step(k, top)
+                    tokens += got if k >= warmup else 0
+                self.timeline.drain()
+                wall = time.perf_counter() - t_start
+            finally:
+                gc.enable()
+        self.check()
+        return RunResult(tokens, wall, step_ms)
+
+    def check(self) -> None:
+        """The last resolve gave the lengths the host knows (outside the timed region)."""
+        if self.fm is not None:
+            common.check_resolved(self.batch, torch.tensor(self.expected, dtype=torch.int64),
+                                  host_lengths=self.arm.host_lengths,
+                                  what=f"arm {self.arm.name}")
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def workload_for(algorithm: str, args) -> Workload:
+    fields = ("fwd_base_ms", "fwd_per_token_us", "publish_frac", "sched_base_us",
+              "sched_per_req_us", "launch_us", "launch_per_req_us")
+    overrides = {k: getattr(args, k) for k in fields if getattr(args, k) is not None}
+    return replace(WORKLOADS[algorithm], **overrides)
+
+
+def run_all_arms(args, device, timeline) -> tuple:
+    """Every (algorithm, concurrency, round, arm) run, arms interleaved ABCABC..."""
+    from tqdm import tqdm
+
+    runs, arm_info = [], {}
+    total = len(args.algorithms) * len(args.concurrency) * args.rounds * len(ARMS)
+    with tqdm(total=total, desc="ab_throughput", unit="run", dynamic_ncols=True) as bar:
+        for algorithm in args.algorithms:
+            wl = workload_for(algorithm, args)
+            for conc in args.concurrency:
+                for rnd in range(args.rounds):
+                    seed = args.seed * 1_000 + rnd * 101 + conc
+                    for name in ARMS:
+                        bar.set_postfix_str(f"{algorithm} c={conc} round={rnd} arm={name}",
+                                            refresh=False)
+                        arm = make_arm(name, algorithm, device, args)  # sets the patch state
+                        prewarm(arm, timeline, conc, args.pool)
+                        loop = OverlapLoop(arm, wl, timeline, conc, args.pool, seed,
+                                           args.steps)
+                        res = loop.run(args.steps, args.warmup_steps)
+                        runs.append((algorithm, conc, rnd, name, res))
+                        arm_info[(algorithm, name)] = arm
+                        bar.update(1)
+    common.set_patched(False)
+    return runs, arm_info
+
+
+def aggregate(runs, arm_info, args, device) -> list:
+    rows = []
+    for algorithm in args.algorithms:
+        wl = workload_for(algorithm, args)
+        for conc in args.concurrency:
+            for name in ARMS:
+                mine = [r for a, c, _, n, r in runs if (a, c, n) == (algorithm, conc, name)]
+                tps = [r.tokens_per_s for r in mine]
+                steps = [s for r in mine for s in r.step_ms]
+                arm = arm_info[(algorithm, name)]
+                rows.append({
+                    "algorithm": algorithm, "concurrency": conc, "arm": name,
+                    "tokens_per_s": common.median(tps),
+                    "step_ms_p50": common.percentile(steps, 50),
+                    "step_ms_p99": common.percentile(steps, 99),
+                    "rounds": len(mine),
+                    "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
+                    "tokens_per_s_rounds": tps,
+                    "variant": arm.variant, "war_barrier": arm.war_barrier,
+                    "host_lengths": "exact" if arm.host_lengths else "none",
+                    "forward_ms_model": wl.forward_s(conc) * 1e3,
+                    "host_ms_model": wl.host_s(conc) * 1e3,
+                })
+    return rows
+
+
+def summarize(rows: list) -> list:
+    """Per algorithm and concurrency: B/A and the share of the A->C gap that B recovers
+    (None when C is not faster than A by more than half the rounds' spread: a share of
+    a gap that is noise is noise)."""
+    out = []
+    keyed = {(r["algorithm"], r["concurrency"], r["arm"]): r for r in rows}
+    for (algorithm, conc) in dict.fromkeys((r["algorithm"], r["concurrency"]) for r in rows):
+        a, b, c = (keyed[(algorithm, conc, arm)] for arm in ARMS)
+        gap = c["tokens_per_s"] - a["tokens_per_s"]
+        noise = max(a["tokens_per_s_max"] - a["tokens_per_s_min"],
+                    c["tokens_per_s_max"] - c["tokens_per_s_min"]) / 2
+        within_noise = gap <= noise
+        share = None if within_noise else (b["tokens_per_s"] - a["tokens_per_s"]) / gap
+        out.append({
+            "algorithm": algorithm, "concurrency": conc,
+            "A_tok_s": a["tokens_per_s"], "B_tok_s": b["tokens_per_s"],
+            "C_tok_s": c["tokens_per_s"],
+            "B_over_A": b["tokens_per_s"] / a["tokens_per_s"],
+            "C_over_A": c["tokens_per_s"] / a["tokens_per_s"],
+            "gap_share_recovered": share,
+            "gap_within_noise": within_noise,
+            "A_step_ms_p50": a["step_ms_p50"], "B_step_ms_p50": b["step_ms_p50"],
+            "C_step_ms_p50": c["step_ms_p50"], "B_variant": b["variant"],
+        })
+    return out
+
+
+SUMMARY_COLUMNS = ("algorithm", "concurrency", "A_tok_s", "B_tok_s", "C_tok_s", "B_over_A",
+                   "C_over_A", "gap_share_recovered", "gap_within_noise", "A_step_ms_p50",
+                   "B_step_ms_p50", "C_step_ms_p50", "B_variant")
+
+
+def write_markdown(path, summary: list, payload: dict, device: torch.device) -> None:
+    cfg = payload["config"]
+    lines = [
+        f"# A/B throughput replay on {payload['device']}",
+        "",
+        f"SGLang {payload['versions']['sglang']}, torch {payload['versions']['torch']}, "
+        f"triton {payload['versions']['triton']}, arm B kernel backend "
+        f"`{cfg.get('kernel_backend', payload['versions']['kernel_backend'])}`. "
+        f"Rounds: {cfg['rounds']}, steps per run: "
+        f"{cfg['steps']} ({cfg['warmup_steps']} untimed). Median tokens/s over rounds.",
+        "",
+        "A = SGLang's FutureMap (unpatched), B = spec_fused applied, C = no relay at all. "
+        "`gap_share_recovered` = (B - A) / (C - A); `gap_within_noise` = the A->C gap is not "
+        "larger than half the rounds' spread, and the share is left out (`-`).",
+        "",
+    ]
+    if device.type != "cuda":
+        lines += ["**CPU run:** the forward runs on a virtual timeline; arm B runs the backend "
+                  "named above (the reference is what a CPU server runs; the interpreter costs "
+                  "milliseconds per launch). SGLang's CPU relay has no D2H copy and no real "
+                  "sync to remove, so these numbers show the replay and spec_fused's host "
+                  "overhead, not what the fusion buys on a GPU.", ""]
+    lines += [common.format_table(summary, SUMMARY_COLUMNS, markdown=True), ""]
+    path.write_text("\n".join(lines))
+
+
+def plot(summary: list, rows: list, path, device: torch.device) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    fig, axes = plt.subplots(2, len(algorithms), squeeze=False,
+                             figsize=(6.5 * len(algorithms), 8))
+    note = "" if device.type == "cuda" else \
+        "\nCPU: virtual forward, no D2H/sync to remove: overhead, NOT GPU speed"
+    for j, algorithm in enumerate(algorithms):
+        series = {}
+        for arm in ARMS:
+            pts = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows
+                         if r["algorithm"] == algorithm and r["arm"] == arm)
+            series[_ARM_LABEL[arm]] = tuple(zip(*pts))
+        common.plot_lines(series, path, title=f"{algorithm}: tokens/s{note}",
+                          xlabel="concurrency", ylabel="accepted tokens/s", ax=axes[0][j],
+                          colors=_ARM_COLOR)
+        mine = sorted((s for s in summary if s["algorithm"] == algorithm),
+                      key=lambda s: s["concurrency"])
+        xs = [s["concurrency"] for s in mine]
+        common.plot_lines({"B/A": (xs, [s["B_over_A"] for s in mine]),
+                           "C/A": (xs, [s["C_over_A"] for s in mine])}, path,
+                          title=f"{algorithm}: throughput relative to A (SGLang){note}",
+                          xlabel="concurrency", ylabel="ratio", logy=False, ax=axes[1][j],
+                          colors={"B/A": _ARM_COLOR[_ARM_LABEL["B"]],
+                                  "C/A": _ARM_COLOR[_ARM_LABEL["C"]]})
+        axes[1][j].axhline(1.0, color="grey", lw=0.8)
+    fig.suptitle(f"spec_fused overlap-loop A/B on {common.device_name(device)}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+_ARM_LABEL = {"A": "A (SGLang)", "B": "B (spec_fused)", "C": "C (no relay)"}
+_ARM_COLOR = {"A (SGLang)": "tab:blue", "B (spec_fused)": "tab:orange",
+              "C (no relay)": "tab:green"}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ab_throughput",
+        description="SGLang's overlap loop replayed with a synthetic forward: tokens/s of "
+                    "SGLang's relay (A), spec_fused (B) and no relay (C).",
+        epilog="Workload flags override both algorithms' defaults (see Workload).")
+    common.add_common_args(parser)
+    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
+    parser.add_argument("--concurrency", type=int, nargs="+")
+    parser.add_argument("--rounds", type=int, help="ABC rounds per point (median reported)")
+    parser.add_argument("--steps", type=int, help="decode steps per run")
+    parser.add_argument("--warmup-steps", type=int, help="untimed steps at the start of a run")
+    parser.add_argument("--pool", type=int, default=4096, help="req_to_token pool size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force-barrier-free", action="store_true",
+                        help="arm B on DFLASH with SPEC_FUSED_WAR_BARRIER=0 "
+                             "SPEC_FUSED_HOST_SEQ_LENS=reserved (the barrier_free variant)")
+    parser.add_argument("--kernel-backend", choices=("auto", "reference", "interpreter"),
+                        default=None,
+                        help="arm B's kernel backend; default: auto on CUDA, reference on CPU "
+                             "(what a CPU server runs; the interpreter is a test vehicle)")
+    parser.add_argument("--needs-cpu-seq-lens", type=int, choices=(0, 1), default=1,
+                        help="FutureMap.needs_cpu_seq_lens (the attention backends' need)")
+    for flag in ("fwd-base-ms", "fwd-per-token-us", "publish-frac", "sched-base-us",
+                 "sched-per-req-us", "launch-us", "launch-per-req-us"):
+        parser.add_argument(f"--{flag}", type=float, default=None)
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.concurrency = args.concurrency or list(QUICK_CONCURRENCY if quick else FULL_CONCURRENCY)
+    args.rounds = args.rounds or 3
+    args.steps = args.steps or (40 if quick else 100)
+    args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else \
+        (5 if quick else 10)
+    args.needs_cpu_seq_lens = bool(args.needs_cpu_seq_lens)
+    if args.kernel_backend is None:
+        args.kernel_backend = "auto" if torch.cuda.is_available() else "reference"
+    if args.kernel_backend == "interpreter" and torch.cuda.is_available():
+        parser.error("--kernel-backend interpreter is for CPU runs")
+    if args.warmup_steps >= args.steps:
+        parser.error("--warmup-steps must be smaller than --steps")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = common.pick_device()
+    prepared = common.prepare_device(device)
+    t0 = time.perf_counter()
+    timeline = make_timeline(device)
+    runs, arm_info = run_all_arms(args, device, timeline)
+    rows = aggregate(runs, arm_info, args, device)
+    summary = summarize(rows)
+    out_dir = common.results_dir(device, args.out)
+    payload = {
+        "device": common.device_name(device),
+        "versions": common.versions(device),
+        "rows": rows,
+        "summary": summary,
+        "mode": "cuda-streams" if device.type == "cuda" else "cpu-virtual-timeline",
+        "config": {
+            "quick": args.quick, "algorithms": args.algorithms,
+            "concurrency": args.concurrency, "rounds": args.rounds, "steps": args.steps,
+            "warmup_steps": args.warmup_steps, "pool": args.pool, "seed": args.seed,
+            "force_barrier_free": args.force_barrier_free,
+            "needs_cpu_seq_lens": args.needs_cpu_seq_lens,
+            "kernel_backend": args.kernel_backend,
+            "sleep_cycles_per_s": timeline.cycles_per_s,
+            "workloads": {a: asdict(workload_for(a, args)) for a in args.algorithms},
+            **prepared, "wall_s": round(time.perf_counter() - t0, 1),
+        },
+    }
+    json_path = common.write_json(out_dir / "ab_throughput.json", payload)
+    md_path = out_dir / "ab_throughput.md"
+    write_markdown(md_path, summary, payload, device)
+    print(common.format_table(rows, ("algorithm", "concurrency", "arm", "tokens_per_s",
+                                     "step_ms_p50", "step_ms_p99", "rounds", "variant",
+                                     "war_barrier")))
+    print()
+    print(common.format_table(summary, SUMMARY_COLUMNS))
+    png = None
+    if not args.no_plot:
+        png = out_dir / "ab_throughput.png"
+        plot(summary, rows, png, device)
+    print(f"\nab_throughput: {len(runs)} runs in {payload['config']['wall_s']} s -> "
+          f"{json_path}, {md_path}" + (f", {png}" if png else ""))
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Fetch, on this machine, the wheels the lent GPU machine lacks, into .whl/ (git-ignored).
+#
+# Why: the GPU machine reaches no registry. Its image has torch, triton, pytest,
+# hypothesis, matplotlib, requests, aiohttp, psutil and tqdm (Python 3.12), but not SGLang
+# nor the few small packages that make sglang.srt.managers.overlap_utils import. These
+# wheels (about 45 MB) travel with the working tree: name .whl in the device call's
+# `carry`; bench/gpu_check.sh installs them into /tmp/site when .whl/ is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYVER="${GPU_PYTHON_VERSION:-3.12}"
+DEST=.whl
+mkdir -p "$DEST"
+PACKAGES=(
+  "sglang==${SPEC_FUSED_SGLANG_VERSION:-0.5.23}" msgspec orjson pybase64 pyzmq starlette
+  pydantic pydantic-core typing-inspection annotated-types
+  ipython ipython-pygments-lexers jedi parso traitlets decorator matplotlib-inline pexpect
+  ptyprocess prompt_toolkit wcwidth stack_data asttokens executing pure-eval
+)
+PLATFORMS=()
+for n in 34 28 27 26 17 5; do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done
+PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+for pkg in "${PACKAGES[@]}"; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" \
+    --implementation cp "${PLATFORMS[@]}" -d "$DEST" "$pkg"
+done
+du -sh "$DEST"

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One-shot device check of spec_fused on a single GPU (an H200): environment, the GPU-only
+# tests, and both benchmarks at full size, in well under 8 minutes, into OUTDIR.
+#
+# Why a script: GPU time is lent in short slots; everything that needs the device runs
+# from this one prepared command, each stage under its own `timeout`, so one stuck stage
+# cannot eat the slot and the others still report. It never touches the network.
+#
+# Exit status: 0 when every stage succeeded (no GPU tests collected counts as success).
+# Files written into OUTDIR (8 at most):
+#   env.txt            nvidia-smi, versions, stage exit codes and wall times
+#   gpu_tests.txt      python -m pytest -q -m gpu tests
+#   bench.log          stdout/stderr of both benchmarks (tables)
+#   kernel_sweep.json  kernel_sweep.png
+#   ab_throughput.json ab_throughput.md ab_throughput.png
+set -uo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: bash bench/gpu_check.sh OUTDIR [--dry-run]
+
+On a CUDA machine: env + `pytest -m gpu tests` + full kernel_sweep + full ab_throughput,
+results into OUTDIR. With --dry-run, or when no CUDA device is visible, it runs the CPU
+--quick versions instead (CUDA hidden, TRITON_INTERPRET=1), so the script itself is
+proven on CPU. Stage limits (seconds): TESTS_TIMEOUT [90], SWEEP_TIMEOUT [150],
+AB_TIMEOUT [180]; PYTHON [python3]. Carried wheels in .whl/ (bench/fetch_gpu_wheels.sh) are installed into /tmp/site first.
+EOF
+}
+
+OUTDIR=""
+DRY_RUN=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) usage; exit 0 ;;
+    -*) echo "unknown option: $arg" >&2; usage >&2; exit 2 ;;
+    *) [[ -n $OUTDIR ]] && { echo "one OUTDIR only" >&2; exit 2; }; OUTDIR=$arg ;;
+  esac
+done
+[[ -z $OUTDIR ]] && { usage >&2; exit 2; }
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
+SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-150}
+AB_TIMEOUT=${AB_TIMEOUT:-180}
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+cd "$ROOT"
+
+# Never the network: no hub downloads, no pip from an index.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_NO_INDEX=1
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export TQDM_DISABLE=1  # progress bars would only clutter bench.log
+
+HAVE_CUDA=$("$PYTHON" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null \
+            || echo 0)
+QUICK=()
+if [[ $DRY_RUN == 1 || $HAVE_CUDA != 1 ]]; then
+  MODE="cpu-quick (dry run: CUDA hidden, Triton interpreter)"
+  export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1
+  QUICK=(--quick)
+else
+  MODE="cuda-full"
+  # Wheels carried from the dev machine (bench/fetch_gpu_wheels.sh, Python 3.12): SGLang
+  # and its small import deps, which the GPU image lacks.
+  if compgen -G "$ROOT/.whl/*.whl" > /dev/null; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site "$ROOT"/.whl/*.whl \
+      && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+fi
+
+ENV_TXT="$OUTDIR/env.txt"
+LOG="$OUTDIR/bench.log"
+: > "$LOG"
+{
+  echo "# spec_fused gpu_check  $(date -u +%Y-%m-%dT%H:%M:%SZ)  mode: $MODE"
+  echo "# host: $(uname -a)"
+  if command -v nvidia-smi > /dev/null 2>&1; then
+    nvidia-smi || true
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv \
+      || true
+  else
+    echo "# nvidia-smi: not found"
+  fi
+  "$PYTHON" -c "import json; from bench import common
+print(json.dumps(common.versions(), indent=1))" 2>&1 || echo "# versions: failed"
+  "$PYTHON" -m pip list 2>/dev/null \
+    | grep -Ei "^(torch|triton|sglang|spec.fused|nvidia-cuda-runtime)" || true
+  echo "# stages"
+} > "$ENV_TXT"
+
+FAILED=0
+stage() {  # $1 = name, $2 = timeout (s), $3 = output file, rest = command
+  local name=$1 limit=$2 out=$3 start=$SECONDS rc
+  shift 3
+  echo "== $name (limit ${limit}s): $*" | tee -a "$out"
+  timeout --kill-after=10 "$limit" "$@" >> "$out" 2>&1
+  rc=$?
+  local note=""
+  (( rc == 124 || rc == 137 )) && note=" (timed out)"
+  (( rc == 5 )) && [[ $name == gpu_tests ]] && note=" (no tests collected)" && rc=0
+  (( rc != 0 )) && FAILED=1
+  echo "$name: rc=$rc$note wall=$(( SECONDS - start ))s" | tee -a "$ENV_TXT"
+  return 0  # the next stage runs regardless
+}
+
+: > "$OUTDIR/gpu_tests.txt"
+stage gpu_tests "$TESTS_TIMEOUT" "$OUTDIR/gpu_tests.txt" "$PYTHON" -m pytest -q -m gpu tests
+stage kernel_sweep "$SWEEP_TIMEOUT" "$LOG" \
+  "$PYTHON" -m bench.kernel_sweep "${QUICK[@]}" --out "$OUTDIR"
+stage ab_throughput "$AB_TIMEOUT" "$LOG" \
+  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" --out "$OUTDIR"
+
+echo "total: ${SECONDS}s" | tee -a "$ENV_TXT"
+echo "files in $OUTDIR:"
+ls -1 "$OUTDIR"
+exit "$FAILED"

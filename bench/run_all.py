@@ -1,0 +1,58 @@
+"""Run every benchmark of spec_fused: the kernel sweep, then the overlap-loop A/B replay.
+
+Why one entry point: the README's benchmark command must be one line that works on a
+laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size):
+
+    TRITON_INTERPRET=1 python -m bench.run_all --quick     # CPU, a few minutes
+    python -m bench.run_all --out /tmp/h200                # CUDA
+
+Results go to ``bench/results/<device>/`` (or ``--out DIR``): ``kernel_sweep.json/.png``,
+``ab_throughput.json/.md/.png``. The real-server A/B (weights + GPU) is
+``bench/ab_server.sh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from bench import common  # first: sets TRITON_INTERPRET on CPU before triton is imported
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run_all",
+        description="kernel_sweep, then ab_throughput; prints where the results went.")
+    common.add_common_args(parser)
+    parser.add_argument("--skip", nargs="+", choices=("kernel_sweep", "ab_throughput"),
+                        default=[], help="benchmarks to leave out")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    passthrough = [*(["--quick"] if args.quick else []),
+                   *(["--out", args.out] if args.out else []),
+                   *(["--no-plot"] if args.no_plot else [])]
+    from bench import ab_throughput, kernel_sweep
+
+    done, walls = {}, {}
+    for name, module in (("kernel_sweep", kernel_sweep), ("ab_throughput", ab_throughput)):
+        if name in args.skip:
+            continue
+        print(f"\n=== {name} {' '.join(passthrough)}", flush=True)
+        t0 = time.perf_counter()
+        done[name] = module.main(passthrough)
+        walls[name] = time.perf_counter() - t0
+    out_dir = common.results_dir(common.pick_device(), args.out)
+    print("\n=== results")
+    for name, wall in walls.items():
+        print(f"{name:>14}: {wall:6.1f} s")
+    for path in sorted(out_dir.iterdir()):
+        if path.stem in walls:
+            print(f"  {path}")
+    return done
+
+
+if __name__ == "__main__":
+    main()
