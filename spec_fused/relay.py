@@ -30,7 +30,13 @@ from typing import Optional
 
 import torch
 
-from spec_fused.caps import SpecCaps, caps_for, establish, select_variant
+from spec_fused.caps import (
+    SpecCaps,
+    caps_for,
+    establish,
+    plans_with_reserved_bound,
+    select_variant,
+)
 from spec_fused.kernels.publish_gather import PublishGather, StaleHostMirrorError
 
 logger = logging.getLogger("spec_fused")
@@ -264,6 +270,11 @@ def relay_for(fm) -> Optional[FusedRelay]:
         caps = fm.__dict__.get(CAPS_ATTR) or establish(caps_for(
             fm.spec_algo, attn_backends=[_BackendsDecision(bool(fm.needs_cpu_seq_lens))]),
             fm.spec_algo)
+        if caps.host_seq_lens == "reserved" and not plans_with_reserved_bound(fm.spec_algo):
+            log_once(("reserved-without-bound", str(fm.spec_algo)),
+                     "%s: host lengths 'reserved' (%s), but this SGLang's worker does not "
+                     "plan with a reserved bound; it will see seq_lens_cpu=None",
+                     getattr(fm.spec_algo, "name", fm.spec_algo), caps.reason)
         debug = debug_enabled()
         relay = FusedRelay(fm, caps, debug=debug)
     except KeyError as exc:

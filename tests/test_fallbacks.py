@@ -173,3 +173,12 @@ def test_any_reader_of_the_buffer_sees_published_values():
         assert fm.new_seq_lens_buf[3:5].tolist() == [30, 40]  # e.g. DSPARK's own readers
     finally:
         sglang_patch.remove()
+
+
+def test_env_forcing_a_bound_on_a_worker_without_one_is_warned(monkeypatch, caplog):
+    monkeypatch.setenv("SPEC_FUSED_HOST_SEQ_LENS", "reserved")
+    relay_mod._logged.clear()
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        got, fm = _patched_run()
+    assert relay_mod.relay_for(fm).host_seq_lens == "reserved"
+    assert any("does not plan with a reserved bound" in m for m in _messages(caplog))
