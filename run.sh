@@ -2,8 +2,9 @@
 # The two commands of the README:
 #   ./run.sh bench [args]   set up, then run the benchmarks (quick sweep on a CPU machine)
 #   ./run.sh test [--fast]  set up, then run the tests: the light tier (kernels under the
-#                           Triton interpreter, the real SGLang FutureMap) and, unless
-#                           --fast, the scheduler tier against SGLang's real Scheduler.
+#                           Triton interpreter, the real SGLang 0.5.23 FutureMap) and, unless
+#                           --fast, the scheduler tier against SGLang's real Scheduler and
+#                           the compat tier against SGLang 0.5.15's FutureMap.
 set -euo pipefail
 cd "$(dirname "$0")"
 cmd="${1:-}"; shift || true
@@ -34,6 +35,10 @@ case "$cmd" in
     echo "== scheduler tier (.venv-sched)"
     bash scripts/setup_scheduler_tier.sh
     .venv-sched/bin/python -m pytest -q -m scheduler tests "$@"
+    echo "== compat tier: SGLang 0.5.15's FutureMap (.venv-sched + overlay)"
+    PYTHONPATH="$PWD/.venv-sched/sglang-0.5.15" .venv-sched/bin/python -m pytest -q \
+      -p no:cacheprovider tests/test_trace_equivalence.py tests/test_host_mirror.py \
+      tests/test_fallbacks.py tests/test_fuzz.py tests/test_compat.py "$@"
     ;;
   *)
     echo "usage: ./run.sh bench [--quick|--full ...] | ./run.sh test [--fast]" >&2

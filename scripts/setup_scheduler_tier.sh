@@ -28,4 +28,7 @@ echo "setup: scheduler tier (${TORCH_PAIR[*]}, sglang==$SGLANG_VERSION and its i
   "apache-tvm-ffi==0.1.11" transformers dill sentencepiece "compressed-tensors==0.18.0" gguf \
   openai partial_json_parser einops uvicorn fastapi
 "${PIP[@]}" install --no-deps "sglang==$SGLANG_VERSION"
+# The oldest SGLang with the shared relay (0.5.15), as an overlay the compat tier puts
+# first on PYTHONPATH: the FutureMap tests run against it too.
+"${PIP[@]}" install --no-deps --upgrade --target "$VENV/sglang-0.5.15" "sglang==0.5.15"
 echo "$want" > "$stamp"

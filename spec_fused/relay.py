@@ -57,13 +57,31 @@ def log_once(key, msg, *args, level=logging.WARNING) -> None:
 
 
 def debug_enabled() -> bool:
-    """SGLang's own CI switch (``SGLANG_IS_IN_CI``) or ``SPEC_FUSED_DEBUG=1``."""
+    """``SPEC_FUSED_DEBUG=1``, or SGLang's own CI switch (``SGLANG_IS_IN_CI``) where the
+    installed FutureMap itself tracks seq-lens consumption (0.5.23 does: poisoned init and
+    consume-once; 0.5.15 only tracks output tokens), so both sides poison the same rows."""
     if os.environ.get("SPEC_FUSED_DEBUG", "") == "1":
         return True
+    return _sglang_debug_assert() and _sglang_poisons_seq_lens()
+
+
+def _sglang_debug_assert() -> bool:
     try:
         from sglang.srt.managers import overlap_utils
 
         return bool(getattr(overlap_utils, "_DEBUG_ASSERT", False))
+    except Exception:
+        return False
+
+
+def _sglang_poisons_seq_lens() -> bool:
+    try:
+        import inspect
+
+        from sglang.srt.managers import overlap_utils
+
+        return "self.new_seq_lens_buf = torch.full(" in inspect.getsource(
+            overlap_utils.FutureMap.__init__)
     except Exception:
         return False
 
@@ -93,6 +111,8 @@ class FusedRelay:
         self.relay_stream = None
         self.done_event = None
         self.disabled_reason: Optional[str] = None
+        # 0.5.23's FutureMap arms a consume-once flag on publish; 0.5.15's has none.
+        self.consume_once_flag = "_publish_fresh" in future_map.__dict__
         _live_relays.add(self)
 
     # ------------------------------------------------------------------ launching
@@ -155,7 +175,8 @@ class FusedRelay:
             if fm.publish_ready is None:
                 fm.publish_ready = torch.get_device_module(self.device).Event()
             fm.publish_ready.record()
-            fm._publish_fresh = True
+            if self.consume_once_flag:
+                fm._publish_fresh = True
 
     def resolve(self, fm, batch, stream_ordered: bool) -> None:
         draft_input = batch.spec_info
@@ -164,12 +185,11 @@ class FusedRelay:
         fi = draft_input.future_indices
         if fi is None:
             return
-        if fm.publish_ready is not None and stream_ordered:
-            fm._publish_fresh = False
-        elif fm.publish_ready is not None and self.debug:
-            assert fm._publish_fresh, "resolve without a fresh forward publish"
-            fm._publish_fresh = False
-        elif fm.publish_ready is not None:
+        if fm.publish_ready is not None and self.consume_once_flag:
+            # Upstream's consume-once arming (0.5.23; absent in 0.5.15): every event wait
+            # must be re-armed by a fresh publish.
+            if self.debug and not stream_ordered:
+                assert fm._publish_fresh, "resolve without a fresh forward publish"
             fm._publish_fresh = False
 
         host = self.host_seq_lens if fm.needs_cpu_seq_lens else "none"
@@ -264,7 +284,7 @@ def relay_for(fm) -> Optional[FusedRelay]:
                      "D2H on publish_ready; SGLang's relay runs for this FutureMap",
                      level=logging.INFO)
             return None
-        for attr in (BUF_ATTR, "needs_cpu_seq_lens", "publish_ready", "_publish_fresh"):
+        for attr in (BUF_ATTR, "needs_cpu_seq_lens", "publish_ready", "spec_algo"):
             if attr not in fm.__dict__ and not hasattr(fm, attr):
                 raise AttributeError(f"FutureMap has no attribute {attr!r}")
         caps = fm.__dict__.get(CAPS_ATTR) or establish(caps_for(
@@ -285,7 +305,8 @@ def relay_for(fm) -> Optional[FusedRelay]:
                  "cannot relay this FutureMap (%s: %s); SGLang's relay runs",
                  type(exc).__name__, exc)
         return None
-    if debug and not _sglang_debug_assert() and getattr(fm, "_relay", None) is None:
+    if debug and not (_sglang_debug_assert() and _sglang_poisons_seq_lens()) \
+            and getattr(fm, "_relay", None) is None:
         fm.__dict__[BUF_ATTR].fill_(-1)  # poisoned init, as upstream's debug mode
     fm.__dict__[RELAY_ATTR] = relay
     log_once(("variant", relay.variant, relay.host_seq_lens, str(relay.device)),
@@ -293,15 +314,6 @@ def relay_for(fm) -> Optional[FusedRelay]:
              getattr(fm.spec_algo, "name", fm.spec_algo), relay.variant, relay.host_seq_lens,
              relay.launcher.backend, level=logging.INFO)
     return relay
-
-
-def _sglang_debug_assert() -> bool:
-    try:
-        from sglang.srt.managers import overlap_utils
-
-        return bool(getattr(overlap_utils, "_DEBUG_ASSERT", False))
-    except Exception:
-        return False
 
 
 def disable(relay: FusedRelay, reason: str) -> None:

@@ -106,14 +106,29 @@ def test_forced_reference_backend(monkeypatch, upstream):
     assert got == upstream and fm.__dict__[relay_mod.RELAY_ATTR].launcher.backend == "reference"
 
 
-def test_future_map_missing_an_attribute_runs_sglangs_path(caplog, upstream):
-    # An SGLang whose FutureMap instances lack an attribute the relay relies on (here the
-    # consume-once flag, which SGLang's own publish re-creates when it runs).
+def test_future_map_without_the_consume_once_flag_is_relayed(upstream):
+    """0.5.15's FutureMap has no ``_publish_fresh``: the relay works without it."""
+    got, fm = _patched_run(before_trace=lambda fm: fm.__dict__.pop("_publish_fresh", None))
+    assert got == upstream
+    relay = relay_mod.relay_for(fm)
+    assert relay is not None and not relay.consume_once_flag and relay.launches > 0
+
+
+def test_future_map_missing_an_attribute_runs_sglangs_path(caplog, upstream, monkeypatch):
+    # An SGLang whose FutureMap instances lack something the relay relies on: the relay
+    # declines that FutureMap, SGLang's own methods serve it.
+    real_init = relay_mod.FusedRelay.__init__
+
+    def missing(self, fm, *args, **kwargs):
+        raise AttributeError("'FutureMap' object has no attribute 'publish_ready'")
+
+    monkeypatch.setattr(relay_mod.FusedRelay, "__init__", missing)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        got, fm = _patched_run(before_trace=lambda fm: fm.__dict__.pop("_publish_fresh"))
+        got, fm = _patched_run()
+    monkeypatch.setattr(relay_mod.FusedRelay, "__init__", real_init)
     assert got == upstream
     assert relay_mod.relay_for(fm) is None
-    assert any("cannot relay this FutureMap" in m and "_publish_fresh" in m
+    assert any("cannot relay this FutureMap" in m and "publish_ready" in m
                for m in _messages(caplog))
 
 

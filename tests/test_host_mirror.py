@@ -19,6 +19,7 @@ overlap_utils = pytest.importorskip("sglang.srt.managers.overlap_utils")
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
 from spec_fused import relay as relay_mod  # noqa: E402
+from spec_fused.caps import plans_with_reserved_bound  # noqa: E402
 
 
 @given(st.integers(1, 200), st.lists(st.tuples(st.sampled_from(["launch", "read"]),
@@ -108,9 +109,10 @@ def test_two_batches_in_flight_random_interleavings(ops, algo_name):
         return seen
 
     want, got = unpatched_then_patched(drive, algo, cfg)
+    exact = algo_name == "EAGLE" or not plans_with_reserved_bound(algo_name)
     for (b1, dev1, host1, sum1), (b2, dev2, host2, sum2) in zip(got, want):
         assert dev1 == dev2
-        if algo_name == "EAGLE":
+        if exact:
             assert (host1, sum1) == (host2, sum2)
         else:
             assert host1 is None and sum1 is None

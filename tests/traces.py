@@ -49,6 +49,13 @@ def make_pool(pool: int, max_len: int):
     return SimpleNamespace(req_to_token=req_to_token)
 
 
+def installed(*names):
+    """The names among ``names`` that the installed SGLang's SpeculativeAlgorithm has."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return [n for n in names if n in SpeculativeAlgorithm.__members__]
+
+
 def make_future_map(spec_algo, cfg: TraceConfig, *, needs_cpu_seq_lens=True):
     from sglang.srt.managers.overlap_utils import FutureMap
 
@@ -101,6 +108,7 @@ def _as_list(x):
 def run_trace(fm, cfg: TraceConfig) -> list[StepRecord]:
     """Drive ``fm`` through the trace given by ``cfg``; return what every step observed."""
     rng = random.Random(cfg.seed)
+    has_mixed_tails = hasattr(fm, "resolve_mixed_spec_tails")  # 0.5.23 yes, 0.5.15 no
     free = list(range(1, cfg.pool))  # slot 0 mirrors the KV padding row, as upstream
     rng.shuffle(free)
     running: dict[int, int] = {}  # slot -> committed length (host truth)
@@ -117,7 +125,7 @@ def run_trace(fm, cfg: TraceConfig) -> list[StepRecord]:
             joins.append(free.pop())
         if joins:
             lens = [rng.randint(1, cfg.max_len // 4) for _ in joins]
-            if rng.random() < cfg.p_mixed and running:
+            if rng.random() < cfg.p_mixed and running and has_mixed_tails:
                 # mixed prefill+decode: the running tails late-bind from the relay
                 tails = sorted(running)[: rng.randint(1, len(running))]
                 records.append(_mixed_step(fm, tails, cfg, rng))
