@@ -197,3 +197,16 @@ def test_env_forcing_a_bound_on_a_worker_without_one_is_warned(monkeypatch, capl
         got, fm = _patched_run()
     assert relay_mod.relay_for(fm).host_seq_lens == "reserved"
     assert any("does not plan with a reserved bound" in m for m in _messages(caplog))
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "meta"])
+def test_devices_triton_cannot_drive_get_the_reference(device):
+    backend, reason = pg.explain_backend(device)
+    assert backend == "reference" and "reference" in reason
+
+
+def test_cpu_without_the_interpreter_serves_with_the_reference(monkeypatch, upstream):
+    monkeypatch.setattr(pg, "_IS_INTERPRETED", False)  # a CPU server: compiled Triton only
+    assert pg.backend_for("cpu") == "reference"
+    got, fm = _patched_run()
+    assert got == upstream and relay_mod.relay_for(fm).launcher.backend == "reference"
