@@ -604,6 +604,9 @@ def plot(summary: list, rows: list, path, device: torch.device) -> None:
                           colors={"B/A": _ARM_COLOR[_ARM_LABEL["B"]],
                                   "C/A": _ARM_COLOR[_ARM_LABEL["C"]]})
         axes[1][j].axhline(1.0, color="grey", lw=0.8)
+        ratios = [s["B_over_A"] for s in mine] + [s["C_over_A"] for s in mine]
+        if ratios:  # at least +-10% around 1, so noise does not look like a result
+            axes[1][j].set_ylim(min(0.9, min(ratios) - 0.02), max(1.1, max(ratios) + 0.02))
     fig.suptitle(f"spec_fused overlap-loop A/B on {common.device_name(device)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -4,21 +4,24 @@ Upstream publishes step N's lengths with a scatter on the forward stream and res
 step N+1's with an event wait, a gather, a D2H copy of the whole pool, a blocking
 synchronize and a host sum. Here ``publish`` only remembers *what* to write (and records
 the same ``publish_ready`` event upstream records), and ``resolve`` issues ONE launch
-that publishes, gathers, sums and, when the step needs exact host lengths, writes
-``bs + 1`` values into a stamped pinned host mirror. Two variants, chosen from
-:mod:`spec_fused.caps`:
+that publishes, gathers and sums. What the host gets follows :mod:`spec_fused.caps`:
 
-* ``barrier_free`` - the launch is queued on the stream that published (stream order is
-  the fence), the host never waits and never copies; host lengths are left ``None`` for
-  workers that plan with their own reserved bound (DFLASH's ``nxt_kv_lens_cpu``).
-* ``war_guarded`` - the launch runs on a private stream gated on ``publish_ready``; the
-  host waits for that launch only (not the forward, not a pool-sized copy) and reads exact
-  ``seq_lens_cpu`` / ``seq_lens_sum``.
+* host lengths not exact (a reserved bound, or none; both variants): the schedule stream
+  waits for ``publish_ready`` on the device, as upstream's GPU-only path does, and the
+  launch runs there. The host never waits and nothing is copied to it; ``seq_lens_cpu``
+  is ``None`` and a worker that plans with its own bound (DFLASH's ``nxt_kv_lens_cpu``)
+  uses that. ``barrier_free`` differs from ``war_guarded`` here only in the scheduler's
+  WAR barrier (see ``sglang_patch``).
+* exact host lengths (``war_guarded``): the launch runs on a private stream gated on
+  ``publish_ready`` only - it gathers through pinned host indices, so it does not wait
+  for the schedule stream and its WAR barrier - and writes ``bs + 1`` values into a
+  stamped pinned ring. The host waits for that launch alone, never for a pool-sized copy.
 
-A publish that is still pending when anything else reads ``new_seq_lens_buf`` is flushed
-first (see :func:`read_buffer`), so every upstream reader keeps seeing published values.
-Every failure walks down a ladder - Triton kernel -> torch reference -> SGLang's own
-method - logging each reason once, so a request never sees a wrong length.
+A publish still pending when anything else reads ``new_seq_lens_buf`` is flushed first
+(see :func:`read_buffer`), and a resolve with nothing to gather flushes too, so no pending
+publish outlives the next forward. Every failure walks down a ladder - Triton kernel ->
+torch reference -> SGLang's own method - logging each reason once, so a request never
+sees a wrong length.
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ from spec_fused.caps import (
     plans_with_reserved_bound,
     select_variant,
 )
-from spec_fused.kernels.publish_gather import PublishGather, StaleHostMirrorError
+from spec_fused.kernels.publish_gather import (
+    PoisonedSlotError,
+    PublishGather,
+    StaleHostMirrorError,
+)
 
 logger = logging.getLogger("spec_fused")
 
@@ -107,9 +114,9 @@ class FusedRelay:
         self.on_cuda = buf.device.type == "cuda"
         self.launcher = PublishGather(buf, poison=debug, validate=debug, debug=debug)
         self.pending: Optional[tuple] = None  # (indices, values) not yet in the buffer
-        self.publish_stream = None
         self.relay_stream = None
         self.done_event = None
+        self.host_index_buf: Optional[torch.Tensor] = None
         self.disabled_reason: Optional[str] = None
         # 0.5.23's FutureMap arms a consume-once flag on publish; 0.5.15's has none.
         self.consume_once_flag = "_publish_fresh" in future_map.__dict__
@@ -129,8 +136,8 @@ class FusedRelay:
         publish = self.pending or (None, None)
         try:
             result = self.launcher(gather_indices, *publish, host=host, out=out)
-        except (ValueError, TypeError):
-            raise  # bad input is a bug in the caller, not a reason to change backend
+        except (ValueError, TypeError, PoisonedSlotError, StaleHostMirrorError):
+            raise  # bad input or a caught consume-once bug: not a reason to change backend
         except Exception as exc:
             if self.launcher.backend == "reference":
                 raise
@@ -169,8 +176,6 @@ class FusedRelay:
             relay.published_seq_lens = None  # a captured verify graph already scattered
         else:
             self.pending = (indices, new_seq_lens)
-        if self.on_cuda:  # the stream whose order fences this step's values (graph or not)
-            self.publish_stream = torch.cuda.current_stream(self.device)
         if fm.spec_algo.is_some():  # as upstream: the event other readers gate on
             if fm.publish_ready is None:
                 fm.publish_ready = torch.get_device_module(self.device).Event()
@@ -180,10 +185,11 @@ class FusedRelay:
 
     def resolve(self, fm, batch, stream_ordered: bool) -> None:
         draft_input = batch.spec_info
-        if draft_input is None:
-            return
-        fi = draft_input.future_indices
+        fi = None if draft_input is None else draft_input.future_indices
         if fi is None:
+            # Nothing to gather, but no pending publish may outlive this step: the next
+            # forward may scatter newer values itself (a captured verify graph).
+            self.flush()
             return
         if fm.publish_ready is not None and self.consume_once_flag:
             # Upstream's consume-once arming (0.5.23; absent in 0.5.15): every event wait
@@ -192,28 +198,26 @@ class FusedRelay:
                 assert fm._publish_fresh, "resolve without a fresh forward publish"
             fm._publish_fresh = False
 
-        host = self.host_seq_lens if fm.needs_cpu_seq_lens else "none"
-        if not self.on_cuda:
-            result = self._launch(fi, host=host == "exact")
-        elif stream_ordered:  # already on the forward stream: stream order fences it
-            result = self._launch(fi, host=host == "exact")
-        elif self.variant == "barrier_free" and host != "exact":
-            result = self._resolve_on_publish_stream(fm, fi)
-        elif host != "exact":  # as upstream's GPU-only path: a device-side wait, no host one
-            cur = torch.cuda.current_stream(self.device)
-            if fm.publish_ready is not None:
-                cur.wait_event(fm.publish_ready)
-            self._keep_alive_on(cur)
-            result = self._launch(fi, host=False)
+        exact = fm.needs_cpu_seq_lens and self.host_seq_lens == "exact"
+        if self.on_cuda and exact and not stream_ordered:
+            result = self._resolve_exact_on_cuda(fm, batch, fi)
         else:
-            result = self._resolve_war_guarded(fm, fi)
+            if self.on_cuda:
+                cur = torch.cuda.current_stream(self.device)
+                if fm.publish_ready is not None and not stream_ordered:
+                    # As upstream's GPU-only path: the schedule stream waits for the
+                    # publish on the device; the host never waits, nothing is copied.
+                    cur.wait_event(fm.publish_ready)
+                self._keep_alive_on(cur)
+            result = self._launch(fi, host=exact)
         batch.seq_lens = result.seq_lens
-        if host != "exact":
+        if not exact:
             batch.seq_lens_cpu = None
             batch.seq_lens_sum = None
             return
-        wait = self.done_event.synchronize if self.on_cuda and not stream_ordered else None
-        if wait is not None:
+        wait = None
+        if self.on_cuda and not stream_ordered:
+            wait = self.done_event.synchronize
             wait()  # the host waits for this launch only
         elif self.on_cuda:
             torch.cuda.current_stream(self.device).synchronize()
@@ -231,39 +235,48 @@ class FusedRelay:
             lens = result.seq_lens.cpu()
             return lens, int(lens.sum())
 
-    def _new_lens(self, fi):
-        # On the caller's stream, like upstream's ``buf[fi]``: the result belongs to it.
-        return torch.empty((fi.shape[0],), dtype=torch.int64, device=self.device)
+    def _host_indices(self, batch, fi) -> Optional[torch.Tensor]:
+        """``fi`` as a pinned host tensor the kernel reads zero-copy, from the host indices
+        the batch carries (upstream's FIXME: fi == req_pool_indices). Gathering from these
+        lets the launch wait for the publish only, not for the schedule stream, which
+        already holds the WAR barrier on the previous forward (for EAGLE, all of it)."""
+        host = getattr(batch, "req_pool_indices_cpu", None)
+        if not isinstance(host, torch.Tensor) or host.device.type != "cpu" \
+                or host.dim() != 1 or host.shape[0] != fi.shape[0] or host.is_floating_point():
+            return None
+        n = host.shape[0]
+        if self.host_index_buf is None or self.host_index_buf.shape[0] < n:
+            self.host_index_buf = torch.empty((max(n, self.launcher.max_batch),),
+                                              dtype=torch.int64, pin_memory=True)
+        view = self.host_index_buf[:n]
+        view.copy_(host)  # safe: the host waited for the previous launch that read it
+        if self.debug and not torch.equal(view, fi.cpu()):
+            raise AssertionError("batch.req_pool_indices_cpu differs from future_indices")
+        return view
 
-    def _resolve_on_publish_stream(self, fm, fi):
-        cur = torch.cuda.current_stream(self.device)
-        stream = self.publish_stream
-        if stream is None:  # nothing published through us yet: fence on the event instead
-            stream = cur
-            if fm.publish_ready is not None:
-                cur.wait_event(fm.publish_ready)
-        stream.wait_stream(cur)  # the indices were staged on the schedule stream
-        out = self._new_lens(fi)
-        self._keep_alive_on(stream, fi, out)  # read/written there, freed on the caller's
-        with torch.cuda.stream(stream):
-            return self._launch(fi, host=False, out=out)
-
-    def _resolve_war_guarded(self, fm, fi):
+    def _resolve_exact_on_cuda(self, fm, batch, fi):
+        """A private stream gated on ``publish_ready`` runs the launch, which writes
+        ``bs + 1`` values into the pinned ring; the caller's stream waits for it on the
+        device and the host waits for its event only (see :meth:`resolve`)."""
         cur = torch.cuda.current_stream(self.device)
         if self.relay_stream is None:
             self.relay_stream = torch.cuda.Stream(self.device)
             self.done_event = torch.cuda.Event()
         stream = self.relay_stream
+        gather = self._host_indices(batch, fi)
+        if gather is None:
+            stream.wait_stream(cur)  # the device indices were staged on the schedule stream
+            gather = fi
         if fm.publish_ready is not None:
             stream.wait_event(fm.publish_ready)
-        stream.wait_stream(cur)  # the indices were staged on the schedule stream
-        out = self._new_lens(fi)
         self._keep_alive_on(stream)  # the pending publish was made on the forward stream
         with torch.cuda.stream(stream):
-            result = self._launch(fi, host=True, out=out)
+            # Allocated on the stream that writes it; the caller's stream uses it after
+            # waiting for ``done_event``, and the allocator learns that from record_stream.
+            out = torch.empty((fi.shape[0],), dtype=torch.int64, device=self.device)
+            result = self._launch(gather, host=True, out=out)
             self.done_event.record(stream)
-        # The caller's stream waits for the launch before anything reads (or frees and
-        # reuses) ``out``/``fi``, so they need no record_stream.
+        out.record_stream(cur)
         cur.wait_event(self.done_event)
         return result
 
@@ -316,13 +329,38 @@ def relay_for(fm) -> Optional[FusedRelay]:
     return relay
 
 
+_prewarmed: set = set()
+
+
+def prewarm_for(fm, buf) -> None:
+    """Compile the fused kernel for a speculative FutureMap's device while it is being
+    built (before serving starts); a failure is logged and the ladder handles it later."""
+    try:
+        algo = getattr(fm, "spec_algo", None)
+        if algo is None or not algo.is_some() or not isinstance(buf, torch.Tensor):
+            return
+        if buf.device.type != "cuda" or str(buf.device) in _prewarmed:
+            return
+        _prewarmed.add(str(buf.device))
+        from spec_fused.kernels.publish_gather import prewarm
+
+        prewarm(buf.device)
+    except Exception as exc:
+        log_once(("prewarm", type(exc).__name__),
+                 "could not compile the fused kernel ahead of serving (%s: %s)",
+                 type(exc).__name__, exc)
+
+
 def disable(relay: FusedRelay, reason: str) -> None:
     """Hand this FutureMap back to SGLang for good: land what is pending with plain torch
     (what upstream's publish does), then stop relaying."""
     if relay.pending is not None:
         fm = relay.future_map_ref()
-        if relay.on_cuda and fm is not None and fm.publish_ready is not None:
-            torch.cuda.current_stream(relay.device).wait_event(fm.publish_ready)
+        if relay.on_cuda:
+            cur = torch.cuda.current_stream(relay.device)
+            if fm is not None and fm.publish_ready is not None:
+                cur.wait_event(fm.publish_ready)
+            relay._keep_alive_on(cur)
         indices, values = relay.pending
         relay.launcher.buf[indices.long()] = values.to(relay.launcher.buf.dtype)
         relay.pending = None

@@ -80,7 +80,20 @@ def test_cuda_graph_capture_of_the_fused_launch():
         assert int(res.seq_lens_sum) == int(want.seq_lens_sum)
 
 
-def test_poison_on_gpu_is_reported_without_a_hot_path_sync():
+def test_pinned_host_gather_indices_are_read_zero_copy(kernel_launches):
+    buf = torch.arange(100, device=DEV)
+    host_idx = torch.tensor([3, 9, 3], dtype=torch.int64).pin_memory()
+    host = torch.full((4,), -1, dtype=torch.int64, pin_memory=True)
+    res = publish_gather(buf, host_idx, torch.tensor([9], device=DEV),
+                         torch.tensor([90], device=DEV), host_out=host)
+    torch.cuda.synchronize()
+    assert res.seq_lens.cpu().tolist() == [3, 90, 3] and host.tolist() == [3, 90, 3, 96]
+    assert kernel_launches.count == 1
+    with pytest.raises(ValueError, match="gather_indices is on cpu"):
+        publish_gather(buf, torch.tensor([1]))  # pageable host memory is refused
+
+
+def test_poison_on_gpu_is_reported_after_a_sync():
     buf = torch.full((64,), -1, dtype=torch.int64, device=DEV)
     pg = PublishGather(buf, poison=True)
     res = pg(torch.tensor([1, 2], device=DEV), torch.tensor([1], device=DEV),
@@ -106,7 +119,13 @@ def _future_map(algo_name, pool, monkeypatch, env=None):
     return FutureMap(DEV, SpeculativeAlgorithm[algo_name], pool_obj, needs_cpu_seq_lens=True)
 
 
-def _overlap_loop(fm, *, steps=60, bs=64, pool=512, seed=0, barrier=True, sleep=200_000):
+def _staged(values, dtype=torch.int64):
+    """Host values to the device without blocking the host (pinned + non_blocking), so the
+    host runs ahead of the forward as SGLang's scheduler does."""
+    return torch.tensor(values, dtype=dtype).pin_memory().to(DEV, non_blocking=True)
+
+
+def _overlap_loop(fm, *, steps=60, bs=64, pool=512, seed=0, barrier=True, sleep=10_000_000):
     """event_loop_overlap's stream pattern: resolve on the schedule stream, the forward on
     its own stream with a long verify, publish mid-forward, then draft-extend work."""
     from types import SimpleNamespace
@@ -117,10 +136,10 @@ def _overlap_loop(fm, *, steps=60, bs=64, pool=512, seed=0, barrier=True, sleep=
     lens = {s: r.randint(1, 100) for s in slots}
     seen = []
     with torch.cuda.stream(fwd):
-        fm.publish(torch.tensor(slots, device=DEV), torch.tensor([lens[s] for s in slots], device=DEV))
+        fm.publish(_staged(slots), _staged([lens[s] for s in slots]))
     for _ in range(steps):
         with torch.cuda.stream(sched):
-            fi = torch.tensor(slots, dtype=torch.int64).pin_memory().to(DEV, non_blocking=True)
+            fi = _staged(slots)
             batch = SimpleNamespace(spec_info=SimpleNamespace(future_indices=fi),
                                     req_pool_indices=fi,
                                     req_pool_indices_cpu=torch.tensor(slots),
@@ -130,8 +149,8 @@ def _overlap_loop(fm, *, steps=60, bs=64, pool=512, seed=0, barrier=True, sleep=
         fwd.wait_stream(sched)
         accept = [r.randint(1, 16) for _ in slots]
         with torch.cuda.stream(fwd):
+            acc = _staged(accept)
             torch.cuda._sleep(sleep)  # verify
-            acc = torch.tensor(accept, device=DEV)
             seen.append((batch.seq_lens.clone(), host))
             fm.publish(fi, batch.seq_lens + acc)
             torch.cuda._sleep(sleep // 2)  # draft extend
@@ -146,7 +165,7 @@ def _overlap_loop(fm, *, steps=60, bs=64, pool=512, seed=0, barrier=True, sleep=
             slots[i] = new
             lens[new] = r.randint(1, 100)
             with torch.cuda.stream(fwd):
-                fm.publish(torch.tensor([new], device=DEV), torch.tensor([lens[new]], device=DEV))
+                fm.publish(_staged([new]), _staged([lens[new]]))
     torch.cuda.synchronize()
     return [(d.cpu().tolist(), h) for d, h in seen]
 
@@ -160,9 +179,13 @@ def test_patched_future_map_on_real_streams_matches_upstream(monkeypatch, algo, 
     from spec_fused.integration import sglang_patch
 
     want = _overlap_loop(_future_map(algo, 512, monkeypatch), barrier=True)
+    from spec_fused import relay as relay_mod
+
     sglang_patch.apply()
     try:
-        got = _overlap_loop(_future_map(algo, 512, monkeypatch, env), barrier=barrier)
+        fm = _future_map(algo, 512, monkeypatch, env)
+        got = _overlap_loop(fm, barrier=barrier)
+        assert relay_mod.relay_for(fm).launcher.backend == "triton"  # no silent fallback
     finally:
         sglang_patch.remove()
     for step, ((gd, gh), (wd, wh)) in enumerate(zip(got, want)):
@@ -199,7 +222,7 @@ def test_war_guarded_makes_no_full_pool_copy_and_one_event_wait(monkeypatch):
         monkeypatch.setattr(torch.cuda.Stream, "synchronize", stream_sync)
         monkeypatch.setattr(torch.cuda.Event, "synchronize", event_sync)
         monkeypatch.setattr(torch.Tensor, "copy_", copy_)
-        _overlap_loop(fm, steps=10, bs=32, pool=65536)
+        _overlap_loop(fm, steps=10, bs=32, pool=65536, sleep=1_000_000)
     finally:
         monkeypatch.undo()
         sglang_patch.remove()

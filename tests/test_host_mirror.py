@@ -133,6 +133,8 @@ def test_planted_bug_reading_a_never_published_slot_is_caught(debug_fm):
     with pytest.raises(PoisonedSlotError, match="slot 5 ") as info:
         debug_fm.resolve_seq_lens_cpu(_decode_batch([1, 2, 5], SMALL))
     assert info.value.slot == 5
+    # A caught bug is not a kernel failure: the Triton kernel stays in charge.
+    assert relay_mod.relay_for(debug_fm).launcher.backend == "interpreter"
 
 
 def test_debug_consume_once_catches_a_double_read(debug_fm):
@@ -170,3 +172,15 @@ def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypat
         else:
             fm.resolve_seq_lens_cpu(batch)
             assert batch.seq_lens_cpu.tolist() == [7, 8] and batch.seq_lens_sum == 15
+
+
+def test_a_resolve_with_nothing_to_gather_lands_the_pending_publish():
+    """No pending publish may outlive the next forward (which may scatter newer values)."""
+    from types import SimpleNamespace
+
+    with patched_future_map(SpeculativeAlgorithm.EAGLE, SMALL) as fm:
+        fm.publish(torch.tensor([3]), torch.tensor([30]))
+        relay = relay_mod.relay_for(fm)
+        assert relay.pending is not None
+        fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # e.g. a prefill batch
+        assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][3] == 30

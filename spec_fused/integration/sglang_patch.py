@@ -212,6 +212,7 @@ def _buffer_property():
         relay = self.__dict__.get(_relay.RELAY_ATTR)
         if relay is not None:
             relay.rebind(value)
+        _relay.prewarm_for(self, value)  # FutureMap.__init__: compile before serving
 
     return property(getter, setter, doc="FutureMap.new_seq_lens_buf; a pending fused publish "
                                         "lands before anyone outside the relay reads it")

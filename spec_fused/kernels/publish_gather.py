@@ -36,13 +36,16 @@ __all__ = [
     "PoisonedSlotError",
     "backend_for",
     "explain_backend",
+    "prewarm",
     "publish_gather",
     "publish_gather_reference",
 ]
 
-# One program handles batches up to this size in a single unrolled block (the usual
-# decode case); larger batches loop inside the same program, which is still one launch.
-SINGLE_BLOCK_MAX = 1024
+# One program, one block shape: a decode batch up to BLOCK lengths takes one loop
+# iteration; larger ones loop inside the same program, which is still one launch. A single
+# BLOCK keeps the compiled variants few, so none is compiled while serving.
+BLOCK = 1024
+NUM_WARPS = 4
 # Marker the kernel leaves in the error flag when nothing went wrong.
 _NO_ERROR = -1
 
@@ -196,19 +199,12 @@ def backend_for(device) -> str:
     return explain_backend(device)[0]
 
 
-def _launch_config(n: int, m: int):
-    """``(BLOCK, num_warps)``: one block covers the usual batch; beyond, 1024-wide steps."""
-    block = min(SINGLE_BLOCK_MAX, max(16, triton.next_power_of_2(max(n, m, 1))))
-    return block, 4 if block <= 512 else 8
-
-
 def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
             err, poison, stamp=None, stamp_offset=0):
     n = gather_indices.shape[0]
     m = 0 if publish_indices is None else publish_indices.shape[0]
     if m == 0:  # any valid pointer will do; the masks keep it untouched
         publish_indices = publish_values = gather_indices
-    block, num_warps = _launch_config(n, m)
     _publish_gather_kernel[(1,)](
         buf,
         buf.shape[0],
@@ -229,8 +225,8 @@ def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, 
         HAS_HOST=host_out is not None,
         HAS_STAMP=stamp is not None,
         POISON=bool(poison),
-        BLOCK=block,
-        num_warps=num_warps,
+        BLOCK=BLOCK,
+        num_warps=NUM_WARPS,
     )
 
 
@@ -280,6 +276,8 @@ def _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum
     are free; on a GPU they cost a sync, so only when asked (``validate``/``poison``)."""
     _check_1d("buf", buf)
     deep = deep or buf.device.type == "cpu"
+    if deep and buf.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        deep = False  # reading index values syncs, which graph capture forbids
     if buf.dtype != torch.int64:
         raise TypeError(f"buf must be int64, got {buf.dtype}")
     if not buf.is_contiguous():
@@ -287,9 +285,10 @@ def _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum
     _check_1d("gather_indices", gather_indices)
     if gather_indices.dtype not in _INDEX_DTYPES:
         raise TypeError(f"gather_indices must be int32 or int64, got {gather_indices.dtype}")
-    if gather_indices.device != buf.device:
+    if gather_indices.device != buf.device and not _zero_copy_ok(gather_indices, buf):
         raise ValueError(
-            f"gather_indices is on {gather_indices.device}, buf on {buf.device}")
+            f"gather_indices is on {gather_indices.device}, buf on {buf.device} (on CUDA, "
+            f"pinned host indices are read zero-copy)")
     if (publish_indices is None) != (publish_values is None):
         raise ValueError("publish_indices and publish_values must be given together")
     if publish_indices is not None:
@@ -342,6 +341,11 @@ def _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum
                 vals, counts = torch.unique(publish_indices, return_counts=True)
                 dup = int(vals[counts > 1][0])
                 raise ValueError(f"publish_indices has duplicate slot {dup}")
+
+
+def _zero_copy_ok(t: torch.Tensor, buf: torch.Tensor) -> bool:
+    """A pinned host tensor the kernel can read over the bus, beside a CUDA buffer."""
+    return buf.device.type == "cuda" and t.device.type == "cpu" and t.is_pinned()
 
 
 def _check_range(name, idx, pool):
@@ -477,7 +481,8 @@ class PublishGather:
     def _host_row(self, step: int) -> torch.Tensor:
         """Ring row ``step % 2``: ``[lens..., sum, (unused)..., stamp]``."""
         if self._host_ring is None:
-            self._host_ring = torch.full((self.RING, self.max_batch + 2), -1,
+            width = self.max_batch + 2 + (self.max_batch % 2)  # even: 16-byte aligned rows
+            self._host_ring = torch.full((self.RING, width), -1,
                                          dtype=torch.int64, pin_memory=self._on_cuda)
         return self._host_ring[step % self.RING]
 
@@ -509,7 +514,7 @@ class PublishGather:
         self.launches += 1
         impl(self.buf, gather_indices, publish_indices if m else None,
              publish_values if m else None, out, self._out_sum, row, self._flag,
-             self.poison, step if host else None, self.max_batch + 1)
+             self.poison, step if host else None, row.shape[0] - 1 if host else 0)
         result = PublishGatherResult(out, self._out_sum, self._flag, row, step, n)
         if self.poison and not self._on_cuda:
             result.raise_if_poisoned()
@@ -542,3 +547,23 @@ class PublishGather:
                 f"host mirror slot was rewritten (step {int(result.host[-1])}) while step "
                 f"{result.stamp} was being read")
         return lens, total
+
+
+def prewarm(device) -> int:
+    """Compile the variants the relay launches (with and without a host mirror; int64 and
+    int32 published values; device and pinned host indices) on scratch data, so no kernel
+    is compiled or loaded while a server is serving. Returns how many launches it made."""
+    device = torch.device(device)
+    if backend_for(device) != "triton":
+        return 0
+    scratch = torch.zeros((4,), dtype=torch.int64, device=device)
+    pg = PublishGather(scratch, max_batch=2)
+    idx = torch.tensor([1, 2], dtype=torch.int64, device=device)
+    host_idx = torch.tensor([1, 2], dtype=torch.int64).pin_memory()
+    for values in (idx.clone(), idx.int()):
+        for gather in (idx, host_idx):
+            for host in (False, True):
+                pg(gather, idx, values, host=host)
+    pg(idx[:0], idx, idx.clone())  # a publish-only flush
+    torch.cuda.current_stream(device).synchronize()
+    return pg.launches
