@@ -348,7 +348,7 @@ def prewarm(arm: Arm, timeline, concurrency: int, pool: int) -> None:
         gather = timeline.stage(list(range(1, concurrency + 1)))
         for m in sorted({concurrency, min(2 * concurrency, pool - 1)}):
             pub = timeline.stage(list(range(1, m + 1)))
-            fwd = timeline.forward(0.0, 0.0, lambda: arm.fm.publish(pub, pub))
+            fwd = timeline.forward(0.0, 0.0, lambda pub=pub: arm.fm.publish(pub, pub))
             timeline.before_resolve(fwd)
             arm.fm.resolve_seq_lens_cpu(common.decode_batch(gather, gather.to("cpu")))
         timeline.drain()

@@ -106,7 +106,7 @@ def test_patched_future_map_op_sequence_fuzz(ops, algo):
 
     want, got = unpatched_then_patched(drive, SpeculativeAlgorithm[algo], cfg)
     reserved = algo == "DFLASH" and plans_with_reserved_bound(algo)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         if reserved and g[0] == "r":
             assert g[1] == w[1] and g[2] is None
         else:

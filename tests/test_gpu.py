@@ -188,7 +188,7 @@ def test_patched_future_map_on_real_streams_matches_upstream(monkeypatch, algo, 
         assert relay_mod.relay_for(fm).launcher.backend == "triton"  # no silent fallback
     finally:
         sglang_patch.remove()
-    for step, ((gd, gh), (wd, wh)) in enumerate(zip(got, want)):
+    for step, ((gd, gh), (wd, wh)) in enumerate(zip(got, want, strict=True)):
         assert gd == wd, f"device lengths differ at step {step}"
         if algo == "EAGLE":
             assert gh == wh, f"host lengths differ at step {step}"

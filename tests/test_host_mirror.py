@@ -110,7 +110,7 @@ def test_two_batches_in_flight_random_interleavings(ops, algo_name):
 
     want, got = unpatched_then_patched(drive, algo, cfg)
     exact = algo_name == "EAGLE" or not plans_with_reserved_bound(algo_name)
-    for (b1, dev1, host1, sum1), (b2, dev2, host2, sum2) in zip(got, want):
+    for (_, dev1, host1, sum1), (_, dev2, host2, sum2) in zip(got, want, strict=True):
         assert dev1 == dev2
         if exact:
             assert (host1, sum1) == (host2, sum2)

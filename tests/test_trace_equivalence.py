@@ -52,7 +52,7 @@ def test_exact_variant_matches_upstream_step_for_step(cfg, algo_name, kernel_lau
     got, relay, _ = _run(algo, cfg, patched=True)
     assert relay is not None and relay.host_seq_lens == "exact"
     assert [r.kind for r in got] == [r.kind for r in want]
-    for step, (g, w) in enumerate(zip(got, want)):
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"step {step} ({w.kind}) differs"
     decodes = sum(r.kind == "decode" for r in want)
     assert relay.launches >= decodes and kernel_launches.count == relay.launches
@@ -66,7 +66,7 @@ def test_reserved_variant_gives_exact_device_lengths_and_no_host_mirror(cfg):
         assert relay.host_seq_lens == "exact" and got == want
         return
     assert relay.host_seq_lens == "reserved"
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.kind == w.kind and g.seq_lens == w.seq_lens and g.extra == w.extra
         if g.kind in ("decode", "idle"):
             # The DFLASH worker plans with its own nxt_kv_lens_cpu bound when these are None.
