@@ -99,10 +99,9 @@ def _raise_if_flagged(flag: Optional[torch.Tensor]) -> None:
 if triton is not None:
 
     # Lengths and the stamp change every step: specializing on them would recompile.
-    @triton.jit(do_not_specialize=["pool_size", "m", "n", "stamp", "stamp_offset"])
+    @triton.jit(do_not_specialize=["m", "n", "stamp", "stamp_offset"])
     def _publish_gather_kernel(
         buf_ptr,
-        pool_size,
         pub_idx_ptr,
         pub_idx_stride,
         pub_val_ptr,
@@ -207,7 +206,6 @@ def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, 
         publish_indices = publish_values = gather_indices
     _publish_gather_kernel[(1,)](
         buf,
-        buf.shape[0],
         publish_indices,
         publish_indices.stride(0) if m else 0,
         publish_values,
