@@ -105,10 +105,8 @@ class FusedRelay:
 
     def __init__(self, future_map, caps: SpecCaps, *, debug: bool):
         self.future_map_ref = weakref.ref(future_map)
-        self.caps = caps
         self.debug = debug
-        self.host_seq_lens = caps.host_seq_lens
-        self.variant = select_variant(caps)
+        self.set_caps(caps)
         buf = future_map.__dict__[BUF_ATTR]
         self.device = buf.device
         self.on_cuda = buf.device.type == "cuda"
@@ -123,6 +121,12 @@ class FusedRelay:
         _live_relays.add(self)
 
     # ------------------------------------------------------------------ launching
+
+    def set_caps(self, caps: SpecCaps) -> None:
+        """Adopt (possibly newer) capabilities, e.g. the scheduler's, which know the worker."""
+        self.caps = caps
+        self.host_seq_lens = caps.host_seq_lens
+        self.variant = select_variant(caps)
 
     @property
     def launches(self) -> int:

@@ -168,3 +168,12 @@ def test_fused_relay_runs_beside_the_real_scheduler_module(patched_scheduler):
     sglang_patch.apply()
     got = run_trace(make_future_map(SpeculativeAlgorithm.EAGLE, cfg), cfg)
     assert got == want and torch.is_tensor(torch.zeros(1))
+
+
+def test_scheduler_caps_reach_a_relay_made_earlier(patched_scheduler):
+    worker = types.SimpleNamespace(host_seq_lens="none")
+    sched = _scheduler(SpeculativeAlgorithm.EAGLE, worker=worker)
+    relay = relay_mod.relay_for(sched.future_map)  # e.g. a warm-up step before the loop
+    assert relay.host_seq_lens == "exact"
+    _platform_gate(sched)
+    assert relay.host_seq_lens == "none"

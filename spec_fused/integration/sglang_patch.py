@@ -227,6 +227,9 @@ def _scheduler_caps(sched):
                               attn_backends=backends), sched.spec_algorithm)
     if future_map is not None:
         future_map.__dict__[_relay.CAPS_ATTR] = caps
+        relay = future_map.__dict__.get(_relay.RELAY_ATTR)
+        if relay is not None:  # made before the scheduler knew its worker: update it
+            relay.set_caps(caps)
     return caps
 
 
