@@ -211,25 +211,39 @@ def _module_source(module: str) -> Optional[str]:
         return None
 
 
-def plans_with_reserved_bound(algorithm) -> bool:
-    """Whether the installed worker plans with its own KV-allocation bound when
-    ``batch.seq_lens_cpu`` is None (DFLASH 0.5.23: ``draft_input.nxt_kv_lens_cpu``)."""
-    if algorithm_name(algorithm) != "DFLASH":
-        return False
+def _dflash_plans_with_reserved_bound() -> bool:
+    # 0.5.23: ``... if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu``
     worker = _module_source("sglang.srt.speculative.dflash_worker_v2") or ""
     info = _module_source("sglang.srt.speculative.dflash_info_v2") or ""
     return ("nxt_kv_lens_cpu:" in info and "else draft_input.nxt_kv_lens_cpu" in worker
             and "batch.seq_lens_cpu is not None" in worker)
 
 
+def _dflash_fences_own_shared_writes() -> bool:
+    # 0.5.14: the plan stream waits ``verify_done`` before writing req_to_token.
+    info = _module_source("sglang.srt.speculative.dflash_info_v2") or ""
+    return "verify_done" in info and "wait_event(self.verify_done)" in info
+
+
+# How the table's two optimistic claims are checked against the installed worker, per
+# algorithm; one without a check is held to upstream's (barrier, exact lengths).
+_RESERVED_BOUND_CHECKS = {"DFLASH": _dflash_plans_with_reserved_bound}
+_FENCE_CHECKS = {"DFLASH": _dflash_fences_own_shared_writes}
+
+
+def plans_with_reserved_bound(algorithm) -> bool:
+    """Whether the installed worker plans with its own KV-allocation bound when
+    ``batch.seq_lens_cpu`` is None (DFLASH 0.5.23: ``draft_input.nxt_kv_lens_cpu``)."""
+    check = _RESERVED_BOUND_CHECKS.get(algorithm_name(algorithm))
+    return bool(check and check())
+
+
 def fences_own_shared_writes(algorithm) -> bool:
     """Whether the installed worker orders its shared ``req_to_token`` writes behind the
     previous verify itself (DFLASH 0.5.14: the plan stream waits ``verify_done``), so the
     scheduler-wide WAR barrier is redundant for it."""
-    if algorithm_name(algorithm) != "DFLASH":
-        return False
-    info = _module_source("sglang.srt.speculative.dflash_info_v2") or ""
-    return "verify_done" in info and "wait_event(self.verify_done)" in info
+    check = _FENCE_CHECKS.get(algorithm_name(algorithm))
+    return bool(check and check())
 
 
 def establish(caps: SpecCaps, algorithm) -> SpecCaps:
