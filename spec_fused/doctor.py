@@ -72,45 +72,19 @@ def _spec_fused_version() -> str:
     return _safely(lambda: _dist_version("spec_fused") or "unknown", lambda exc: "unknown")
 
 
-def _sglang_version() -> str:
-    # The same two sources sglang_patch.check_supported() consults, so the doctor never
-    # disagrees with the plugin about whether SGLang is there.
+def _package_version(module: str, dists: tuple = ()) -> str:
+    """The first installed distribution's version among ``dists``, else the imported
+    module's ``__version__``; "not installed" when neither is there."""
     def probe():
-        found = _dist_version("sglang")
-        if found:
-            return found
-        try:
-            import sglang
-        except ImportError:
-            return "not installed"
-        return getattr(sglang, "__version__", None) or "unknown"
-
-    return _safely(probe, lambda exc: f"unknown ({_error(exc)})")
-
-
-def _torch_version() -> str:
-    def probe():
-        try:
-            import torch
-        except ImportError:
-            return "not installed"
-        return str(torch.__version__)
-
-    return _safely(probe, lambda exc: f"unknown ({_error(exc)})")
-
-
-def _triton_version() -> str:
-    def probe():
-        # ROCm and XPU wheels ship the same module under another distribution name.
-        for dist in ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-xpu"):
+        for dist in dists:
             found = _dist_version(dist)
             if found:
                 return found
         try:
-            import triton
+            imported = __import__(module)
         except ImportError:
             return "not installed"
-        return getattr(triton, "__version__", None) or "unknown"
+        return str(getattr(imported, "__version__", None) or "unknown")
 
     return _safely(probe, lambda exc: f"unknown ({_error(exc)})")
 
@@ -171,9 +145,13 @@ def versions() -> dict:
     gpus = _safely(_torch_gpus, lambda exc: []) or smi_gpus
     return {
         "spec_fused": _spec_fused_version(),
-        "sglang": _sglang_version(),
-        "torch": _torch_version(),
-        "triton": _triton_version(),
+        # SGLang: the two sources sglang_patch.check_supported() consults, so the doctor
+        # never disagrees with the plugin about whether SGLang is there.
+        "sglang": _package_version("sglang", ("sglang",)),
+        "torch": _package_version("torch"),
+        # ROCm and XPU wheels ship the same module under another distribution name.
+        "triton": _package_version(
+            "triton", ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-xpu")),
         "cuda_runtime": _runtime_version(),
         "driver": driver,
         "gpus": list(gpus),
