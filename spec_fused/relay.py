@@ -69,6 +69,11 @@ def debug_enabled() -> bool:
     consume-once; 0.5.15 only tracks output tokens), so both sides poison the same rows."""
     if os.environ.get("SPEC_FUSED_DEBUG", "") == "1":
         return True
+    return _sglang_tracks_seq_lens()
+
+
+def _sglang_tracks_seq_lens() -> bool:
+    """SGLang's own debug mode is on and its FutureMap poisons the seq-lens relay itself."""
     return _sglang_debug_assert() and _sglang_poisons_seq_lens()
 
 
@@ -157,11 +162,19 @@ class FusedRelay:
         """Land a pending publish now (a publish-only launch on the current stream)."""
         if self.pending is None:
             return
-        fm = self.future_map_ref()
-        if self.on_cuda and fm is not None and fm.publish_ready is not None:
-            torch.cuda.current_stream(self.device).wait_event(fm.publish_ready)
-        self._keep_alive_on(torch.cuda.current_stream(self.device) if self.on_cuda else None)
+        self.fence_current_stream()
         self._launch(self.launcher.buf[:0].long(), host=False)
+
+    def fence_current_stream(self, wait_for_publish: bool = True) -> None:
+        """Order the caller's stream after the publish on the device (no host wait), and
+        keep the pending publish's tensors alive until that stream has used them."""
+        if not self.on_cuda:
+            return
+        cur = torch.cuda.current_stream(self.device)
+        fm = self.future_map_ref()
+        if wait_for_publish and fm is not None and fm.publish_ready is not None:
+            cur.wait_event(fm.publish_ready)
+        self._keep_alive_on(cur)
 
     def _keep_alive_on(self, stream, *tensors) -> None:
         if stream is None:
@@ -206,13 +219,9 @@ class FusedRelay:
         if self.on_cuda and exact and not stream_ordered:
             result = self._resolve_exact_on_cuda(fm, batch, fi)
         else:
-            if self.on_cuda:
-                cur = torch.cuda.current_stream(self.device)
-                if fm.publish_ready is not None and not stream_ordered:
-                    # As upstream's GPU-only path: the schedule stream waits for the
-                    # publish on the device; the host never waits, nothing is copied.
-                    cur.wait_event(fm.publish_ready)
-                self._keep_alive_on(cur)
+            # As upstream's GPU-only path: the schedule stream waits for the publish on
+            # the device (stream_ordered: already on the forward stream); no host wait.
+            self.fence_current_stream(wait_for_publish=not stream_ordered)
             result = self._launch(fi, host=exact)
         batch.seq_lens = result.seq_lens
         if not exact:
@@ -302,7 +311,7 @@ def relay_for(fm) -> Optional[FusedRelay]:
                      level=logging.INFO)
             return None
         for attr in (BUF_ATTR, "needs_cpu_seq_lens", "publish_ready", "spec_algo"):
-            if attr not in fm.__dict__ and not hasattr(fm, attr):
+            if not hasattr(fm, attr):
                 raise AttributeError(f"FutureMap has no attribute {attr!r}")
         caps = fm.__dict__.get(CAPS_ATTR) or establish(caps_for(
             fm.spec_algo, attn_backends=[_BackendsDecision(bool(fm.needs_cpu_seq_lens))]),
@@ -322,8 +331,7 @@ def relay_for(fm) -> Optional[FusedRelay]:
                  "cannot relay this FutureMap (%s: %s); SGLang's relay runs",
                  type(exc).__name__, exc)
         return None
-    if debug and not (_sglang_debug_assert() and _sglang_poisons_seq_lens()) \
-            and getattr(fm, "_relay", None) is None:
+    if debug and not _sglang_tracks_seq_lens() and getattr(fm, "_relay", None) is None:
         fm.__dict__[BUF_ATTR].fill_(-1)  # poisoned init, as upstream's debug mode
     fm.__dict__[RELAY_ATTR] = relay
     log_once(("variant", relay.variant, relay.host_seq_lens, str(relay.device)),
@@ -359,12 +367,7 @@ def disable(relay: FusedRelay, reason: str) -> None:
     """Hand this FutureMap back to SGLang for good: land what is pending with plain torch
     (what upstream's publish does), then stop relaying."""
     if relay.pending is not None:
-        fm = relay.future_map_ref()
-        if relay.on_cuda:
-            cur = torch.cuda.current_stream(relay.device)
-            if fm is not None and fm.publish_ready is not None:
-                cur.wait_event(fm.publish_ready)
-            relay._keep_alive_on(cur)
+        relay.fence_current_stream()
         indices, values = relay.pending
         relay.launcher.buf[indices.long()] = values.to(relay.launcher.buf.dtype)
         relay.pending = None
