@@ -161,7 +161,7 @@ def check_supported(overlap_utils=None) -> str:
 _PASSTHROUGH = (AssertionError,)  # SGLang's own debug checks must surface as they do upstream
 
 
-def _on_failure(fm, relay, exc, what):
+def _on_failure(relay, exc, what):
     from spec_fused.kernels.publish_gather import PoisonedSlotError, StaleHostMirrorError
 
     if isinstance(exc, (PoisonedSlotError, StaleHostMirrorError, *_PASSTHROUGH)):
@@ -182,7 +182,7 @@ def _publish_hook(original, self, future_indices, new_seq_lens, *args, **kwargs)
     try:
         relay.publish(self, future_indices, new_seq_lens)
     except Exception as exc:
-        _on_failure(self, relay, exc, "publish")
+        _on_failure(relay, exc, "publish")
         return original(self, future_indices, new_seq_lens, **kwargs)
 
 
@@ -194,7 +194,7 @@ def _resolve_hook(original, self, batch, *args, **kwargs):
     try:
         relay.resolve(self, batch, stream_ordered)
     except Exception as exc:
-        _on_failure(self, relay, exc, "resolve")
+        _on_failure(relay, exc, "resolve")
         return original(self, batch, *args, **kwargs)
 
 
