@@ -30,12 +30,14 @@ except Exception:  # pragma: no cover - exercised by the fallback-ladder tests
     tl = None
 
 __all__ = [
+    "BACKENDS",
     "PublishGather",
     "StaleHostMirrorError",
     "PublishGatherResult",
     "PoisonedSlotError",
     "backend_for",
     "explain_backend",
+    "explain_relay_backend",
     "prewarm",
     "publish_gather",
     "publish_gather_reference",
@@ -62,7 +64,14 @@ class PoisonedSlotError(RuntimeError):
 
 
 class StaleHostMirrorError(RuntimeError):
-    """The host mirror holds another launch's lengths than the one being read."""
+    """The host mirror holds another launch's lengths than the one being read.
+
+    ``cause`` says which check tripped ("stale", "stale after waiting", "torn"): the
+    message carries step numbers, the cause does not, so logs can key on it."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
 
 
 @dataclass
@@ -98,8 +107,18 @@ def _raise_if_flagged(flag: Optional[torch.Tensor]) -> None:
 
 if triton is not None:
 
-    # Lengths and the stamp change every step: specializing on them would recompile.
-    @triton.jit(do_not_specialize=["m", "n", "stamp", "stamp_offset"])
+    # Nothing but the pointers' dtypes and the constexprs may pick the compiled variant:
+    # lengths and the stamp change every step (specializing on them would recompile),
+    # and the caller's index/value tensors may be views at any offset. So every integer
+    # is excluded from value specialization and every pointer but the relay buffer from
+    # alignment specialization, which is what lets PublishGather bind one compiled
+    # variant per dtype combination and launch it directly (kernels/launcher.py).
+    @triton.jit(
+        do_not_specialize=["pub_idx_stride", "pub_val_stride", "m", "gat_idx_stride", "n",
+                           "stamp", "stamp_offset"],
+        do_not_specialize_on_alignment=["pub_idx_ptr", "pub_val_ptr", "gat_idx_ptr",
+                                        "out_ptr", "out_sum_ptr", "host_ptr", "err_ptr"],
+    )
     def _publish_gather_kernel(
         buf_ptr,
         pub_idx_ptr,
@@ -188,6 +207,27 @@ def explain_backend(device) -> tuple[str, str]:
     return "reference", f"Triton cannot drive {device.type} here: plain-torch reference"
 
 
+ENV_FORCE_BACKEND = "SPEC_FUSED_FORCE_BACKEND"
+ENV_BENCH = "SPEC_FUSED_BENCH"
+
+
+def explain_relay_backend(device) -> tuple[str, str]:
+    """``(backend, why)`` the relay's launcher uses on ``device``: :func:`explain_backend`,
+    or ``"null"`` under ``SPEC_FUSED_FORCE_BACKEND=null`` together with
+    ``SPEC_FUSED_BENCH=1`` - the measurement seam that runs the relay's whole host path
+    with no device work. ``null`` is never picked otherwise, and never by a fallback."""
+    forced = os.environ.get(ENV_FORCE_BACKEND, "")
+    backend, why = explain_backend(device)
+    if not forced:
+        return backend, why
+    if forced != "null":
+        return backend, f"{why} ({ENV_FORCE_BACKEND}={forced!r} ignored: only 'null' is known)"
+    if os.environ.get(ENV_BENCH) != "1":
+        return backend, f"{why} ({ENV_FORCE_BACKEND}=null ignored: it needs {ENV_BENCH}=1)"
+    return "null", f"{ENV_FORCE_BACKEND}=null with {ENV_BENCH}=1: no device work, " \
+                   f"results unspecified (benchmarks only)"
+
+
 def backend_for(device) -> str:
     """Which implementation ``publish_gather`` uses on ``device``.
 
@@ -200,11 +240,12 @@ def backend_for(device) -> str:
 
 def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
             err, poison, stamp=None, stamp_offset=0):
+    """``kernel[grid](...)``: Triton's normal launch path; returns the compiled kernel."""
     n = gather_indices.shape[0]
     m = 0 if publish_indices is None else publish_indices.shape[0]
     if m == 0:  # any valid pointer will do; the masks keep it untouched
         publish_indices = publish_values = gather_indices
-    _publish_gather_kernel[(1,)](
+    return _publish_gather_kernel[(1,)](
         buf,
         publish_indices,
         publish_indices.stride(0) if m else 0,
@@ -438,20 +479,41 @@ def publish_gather_reference(buf, gather_indices, publish_indices=None, publish_
 
 # --------------------------------------------------------------------------- stateful launcher
 
+_UNSEEN = object()
+# What the bound path accepts without the full check; anything else takes it.
+_LEAN_INDEX = (torch.int32, torch.int64)
+# Launcher backends: the three of backend_for, plus "null" (SPEC_FUSED_FORCE_BACKEND=null
+# with SPEC_FUSED_BENCH=1): the whole host path and no device work, to price the wrapper.
+BACKENDS = ("triton", "interpreter", "reference", "null")
+
 
 class PublishGather:
-    """The relay's launcher: bound to one relay buffer, it owns the scratch the launch
-    writes so a step allocates at most its ``(n,)`` result (nothing with ``static_out``,
-    which is what CUDA-graph capture needs).
+    """The relay's launcher: bound once to one relay buffer, one step per call.
+
+    Two entry points. :meth:`launch` is the per-step path the relay takes in release
+    mode: an O(1) guard (each input 1-D, on the buffer's device, an index/value dtype
+    combination this launcher has already accepted once) and then the launch - for
+    compiled Triton straight through the bound compiled kernel (``kernels/launcher.py``),
+    skipping ``JITFunction.run``. Anything the guard does not recognise takes
+    :meth:`launch_checked`, which runs the full ``_validate`` (clear errors, before
+    anything is written), and, if the input is good, launches it the normal way and
+    remembers the combination. Debug mode (``validate``/``poison``) always takes the
+    checked path. :meth:`__call__` is the checked path packaged as a
+    :class:`PublishGatherResult`, for tests and callers that want one object back.
+
+    The caller owns ``out``: the relay allocates each step's ``(n,)`` result itself,
+    because ``batch.seq_lens`` escapes into SGLang's batch, snapshots and worker state
+    (see ``FusedRelay``). ``out_sum`` is the launcher's own scalar, never handed out.
 
     The host mirror is double-buffered and stamped: launch ``k`` writes ``[*lens, sum]``
-    and, last, the stamp ``k`` (at a fixed place, the row's end) into ring slot ``k % 2``
-    (pinned, zero-copy on CUDA), so the
-    launch for step ``k + 1`` never overwrites the slot the host is still reading, and
-    :meth:`read_host` refuses (debug) or waits for (release) a slot whose stamp is not the
-    one it expects: it never returns an older step's lengths."""
+    and, last, the stamp ``k`` (at a fixed place, the row's end) into ring row ``k % 2``
+    (pinned, zero-copy on CUDA), so the launch for step ``k + 1`` never overwrites the row
+    the host is still reading, and :meth:`read_row` refuses (debug) or waits for (release)
+    a row whose stamp is not the one it expects: it never returns an older step's
+    lengths. Stamps wrap at 2**30 so Triton keeps typing them int32."""
 
     RING = 2
+    STAMP_MASK = (1 << 30) - 1
 
     def __init__(self, buf: torch.Tensor, *, max_batch: Optional[int] = None,
                  static_out: bool = False, poison: bool = False, validate: bool = False,
@@ -462,89 +524,306 @@ class PublishGather:
         self.poison = poison
         self.validate = validate
         self.debug = debug
-        self.backend = backend or backend_for(buf.device)
         self._on_cuda = buf.device.type == "cuda"
+        self._on_cpu = buf.device.type == "cpu"
+        self._device_index = buf.get_device()  # -1 on CPU, as Tensor.get_device() says
         self._static_out = (torch.empty((self.max_batch,), dtype=buf.dtype, device=buf.device)
                             if static_out else None)
-        self._out_sum = torch.empty((), dtype=torch.int64, device=buf.device)
+        self.out_sum = torch.zeros((), dtype=torch.int64, device=buf.device)
         self._host_ring: Optional[torch.Tensor] = None
+        self._ring_np = None
+        self._stamp_offset = 0
         self._flag = None
         if poison:
             self._flag = torch.full((1,), _NO_ERROR, dtype=torch.int64, pin_memory=self._on_cuda)
             if not self._on_cuda:
                 self._flag = self._flag.to(buf.device)
+        # An empty result whose pointer is valid (an empty tensor's may be null) and does
+        # not alias the buffer: what a publish-only launch writes its nothing into.
+        self.empty_out = torch.empty((1,), dtype=torch.int64, device=buf.device)[:0]
+        self._new = self.out_sum.new_empty  # int64 on buf's device, no kwargs to parse
+        self.stamp = 0  # the last launch's host-mirror stamp (read_row's key)
+        self.staged: Optional[torch.Tensor] = None  # trusted pinned gather indices
+        self._staging: Optional[torch.Tensor] = None
         self.step = 0
-        self.launches = 0  # kernel (or reference) launches made, for counters and tests
+        self.launches = 0  # device launches made (kernel or reference), for counters/tests
+        self._variants: dict = {}
+        self._fast = None
+        self.backend = backend or backend_for(buf.device)
 
-    def _host_row(self, step: int) -> torch.Tensor:
-        """Ring row ``step % 2``: ``[lens..., sum, (unused)..., stamp]``."""
+    # ------------------------------------------------------------------ binding
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, name: str) -> None:
+        """Bind the per-step implementation once (no dispatch per step)."""
+        if name not in BACKENDS:
+            raise ValueError(f"unknown backend {name!r}; one of {BACKENDS}")
+        self._backend = name
+        self._variants = {}
+        self._last_dtypes = self._last_host = self._last_bound = None
+        self._fast = None
+        if name == "triton" and self._on_cuda:
+            from spec_fused.kernels.launcher import FastLaunch
+
+            self._fast = FastLaunch(self._device_index)
+        self._null = name == "null"
+        self._impl = _reference_impl if name == "reference" else _launch
+        self.launch = self._launch_reference if name == "reference" else self._launch_kernel
+
+    def rebind(self, buf: torch.Tensor) -> None:
+        """A new relay buffer (FutureMap adopted a captured graph's): same launcher."""
+        _validate(buf, buf[:0].long(), None, None, None, None, None, deep=False)
+        self.buf = buf
+        self.backend = self._backend  # bound kernels keyed on the old buffer go
+
+    def ensure_host_ring(self) -> None:
+        """Allocate the stamped host ring (pinned on CUDA) now, e.g. before graph capture."""
         if self._host_ring is None:
             width = self.max_batch + 2 + (self.max_batch % 2)  # even: 16-byte aligned rows
-            self._host_ring = torch.full((self.RING, width), -1,
-                                         dtype=torch.int64, pin_memory=self._on_cuda)
-        return self._host_ring[step % self.RING]
+            self._host_ring = torch.full((self.RING, width), -1, dtype=torch.int64,
+                                         pin_memory=self._on_cuda)
+            self._ring_np = self._host_ring.numpy()
+            self._stamp_offset = width - 1
+
+    def stage_host_indices(self, host: torch.Tensor) -> torch.Tensor:
+        """``host`` (CPU indices) copied into a pinned buffer the kernel reads zero-copy;
+        the view returned is trusted by :meth:`launch` as gather indices. Only call it
+        once the previous launch that read the staging buffer has completed."""
+        n = host.shape[0]
+        if self._staging is None or self._staging.shape[0] < n:
+            self._staging = torch.empty((max(n, self.max_batch),), dtype=torch.int64,
+                                        pin_memory=self._on_cuda)
+        view = self._staging[:n]
+        view.copy_(host)
+        self.staged = view
+        return view
+
+    # ------------------------------------------------------------------ per step
+
+    def _row(self, stamp: int):
+        return self._host_ring[stamp & 1]
+
+    def _variant(self, gi, pi, pv, host: bool):
+        """The O(1) guard: the bound variant for these inputs, or ``_UNSEEN``.
+
+        Accepted: each input 1-D and on the buffer's device (gather indices may also be
+        the launcher's own staged pinned copy), values as long as indices, and a dtype
+        combination that :meth:`launch_checked` has already accepted once - which is
+        also where anything else goes, for its clear error. The steady state (the same
+        dtypes every step) is one tuple compare, not a dict lookup."""
+        if self._on_cpu:  # get_device() says -1 for CPU and meta alike
+            on_device = gi.is_cpu and (pi is None or (pi.is_cpu and pv.is_cpu))
+        else:
+            dev = self._device_index
+            on_device = (gi.get_device() == dev or gi is self.staged) and \
+                (pi is None or (pi.get_device() == dev and pv.get_device() == dev))
+        if pi is None:
+            if not (on_device and gi.dim() == 1):
+                return _UNSEEN
+            return self._variants.get((gi.dtype, host), _UNSEEN)
+        if not (on_device and gi.dim() == 1 and pi.dim() == 1 and pv.dim() == 1
+                and pv.numel() == pi.numel()):
+            return _UNSEEN
+        dtypes = gi.dtype, pi.dtype, pv.dtype
+        if dtypes == self._last_dtypes and host is self._last_host:
+            return self._last_bound
+        bound = self._variants.get((*dtypes, host), _UNSEEN)
+        if bound is not _UNSEEN:
+            self._last_dtypes, self._last_host, self._last_bound = dtypes, host, bound
+        return bound
+
+    def _launch_kernel(self, gi, pi, pv, host: bool) -> torch.Tensor:
+        """Release-mode step on the Triton kernel (compiled or interpreted), or on the
+        null backend (the same path with the launch left out). Returns the lengths."""
+        bound = self._variant(gi, pi, pv, host)
+        n = gi.numel()
+        if bound is _UNSEEN or (host and n > self.max_batch):
+            return self.launch_checked(gi, pi, pv, host)
+        m = 0 if pi is None else pi.numel()
+        if not (n or m):  # DP-idle: nothing to launch
+            return self.empty_out
+        out = self._new(n) if n else self.empty_out
+        stamp = self.stamp = self.step & self.STAMP_MASK
+        self.step += 1
+        if self._null:  # SPEC_FUSED_FORCE_BACKEND=null: everything but the launch
+            if host and self._ring_np is not None:
+                self._ring_np[stamp & 1, -1] = stamp  # so the read takes its normal branch
+            return out
+        fast = self._fast
+        if bound is not None and fast.ready():
+            # An empty tensor's pointer may be null; for a loop that never runs any valid
+            # pointer will do (the launcher only passes the address).
+            if m:
+                pi_stride, pv_stride = pi.stride(0), pv.stride(0)
+            else:
+                pi = pv = self.buf
+                pi_stride = pv_stride = 0
+            gi_stride = gi.stride(0) if n else 0
+            row = self._host_ring[stamp & 1] if host else out
+            self.launches += 1
+            bound.run(1, 1, 1, fast.raw_stream(self._device_index), bound.function,
+                      bound.metadata, None, None, None,
+                      self.buf, pi, pi_stride, pv, pv_stride, m, gi if n else self.buf,
+                      gi_stride, n, out, self.out_sum, row,
+                      self._flag if self.poison else out, stamp, self._stamp_offset,
+                      host, host, self.poison, BLOCK)
+            return out
+        self._run_impl(gi, pi if m else None, pv if m else None, out, host, stamp)
+        return out
+
+    def _launch_reference(self, gi, pi, pv, host: bool) -> torch.Tensor:
+        """Release-mode step in plain torch: the ops upstream's own relay makes, behind
+        the same O(1) guard as the kernel's."""
+        if self._variant(gi, pi, pv, host) is _UNSEEN or (host and gi.numel() > self.max_batch):
+            return self.launch_checked(gi, pi, pv, host)
+        buf = self.buf
+        if pi is not None and pi.numel():
+            if pv.dtype == torch.int64 and pi.dtype == torch.int64:
+                buf.index_copy_(0, pi, pv)
+            else:
+                buf[pi] = pv.to(torch.int64)
+        if gi is self.staged and self._on_cuda:  # pinned host indices: index moves over
+            gi = gi.to(buf.device, non_blocking=True)
+        out = buf.index_select(0, gi)
+        self.launches += 1
+        stamp = self.stamp = self.step & self.STAMP_MASK
+        self.step += 1
+        if host:
+            if self._on_cuda:  # the kernel's host mirror, in torch (a rung of the ladder)
+                _reference_host_row(out, self.out_sum, self._host_ring[stamp & 1], stamp)
+            else:  # on CPU the device is the host: the sum is all there is to mirror
+                torch.sum(out, 0, out=self.out_sum)
+        return out
+
+    def launch_checked(self, gi, pi, pv, host: bool, out=None) -> torch.Tensor:
+        """The full check (clear errors before anything is written), then one launch; a
+        combination that passes is remembered, so later steps take :meth:`launch`."""
+        _validate(self.buf, gi, pi, pv, out, None, None,
+                  deep=self.validate or self.poison)
+        n = gi.shape[0]
+        if host and n > self.max_batch:
+            raise ValueError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
+        _raise_if_flagged(self._flag)  # a previous launch's consume-once failure
+        if host:
+            self.ensure_host_ring()
+        key = (gi.dtype, host) if pi is None else (gi.dtype, pi.dtype, pv.dtype, host)
+        if pi is not None and pi.shape[0] == 0:
+            pi = pv = None
+        if out is None:
+            out = self._new(n) if n else self.empty_out
+        if not n and pi is None:  # DP-idle: nothing to launch
+            return out
+        stamp = self.stamp = self.step & self.STAMP_MASK
+        self.step += 1
+        compiled = self._run_impl(gi, pi, pv, out, host, stamp)
+        if key not in self._variants and gi.dtype in _LEAN_INDEX \
+                and (len(key) == 2 or (key[1] in _LEAN_INDEX and key[2] in _LEAN_INDEX)):
+            self._variants[key] = self._bind(compiled)
+        if self.poison and not self._on_cuda:
+            _raise_if_flagged(self._flag)
+        return out
+
+    def _bind(self, compiled):
+        if self._fast is None or self._fast.blocked or compiled is None:
+            return None
+        from spec_fused.kernels.launcher import bind
+
+        bound, why = bind(compiled, len(_publish_gather_kernel.arg_names))
+        if bound is None:
+            self._fast.blocked = why
+            import logging
+
+            logging.getLogger("spec_fused").info(
+                "spec_fused: Triton's normal launch path is used (%s)", why)
+        return bound
+
+    def _run_impl(self, gi, pi, pv, out, host, stamp):
+        if self._null:
+            if host and self._ring_np is not None:
+                self._ring_np[stamp & 1, -1] = stamp
+            return None
+        row = self._host_ring[stamp & 1] if host else None
+        self.launches += 1
+        return self._impl(self.buf, gi, pi, pv, out, self.out_sum, row,
+                          self._flag, self.poison, stamp if host else None,
+                          row.shape[0] - 1 if host else 0)
+
+    # ------------------------------------------------------------------ one-object API
 
     def __call__(self, gather_indices, publish_indices=None, publish_values=None, *,
                  host: bool = False, out: Optional[torch.Tensor] = None) -> PublishGatherResult:
-        """One launch; ``out`` (else the static buffer, else a fresh tensor) gets the lengths.
-
-        Passing ``out`` lets a caller allocate on the stream that will own the result
-        while the launch itself runs on another."""
+        """The checked path; ``out`` (else the static buffer, else a fresh tensor) gets the
+        lengths. Passing ``out`` lets a caller allocate on the stream that will own the
+        result while the launch itself runs on another."""
         n = gather_indices.shape[0]
         if n > self.max_batch:
             raise ValueError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
-        _validate(self.buf, gather_indices, publish_indices, publish_values, out, None, None,
-                  deep=self.validate or self.poison)
-        _raise_if_flagged(self._flag)  # a previous launch's consume-once failure
-        m = 0 if publish_indices is None else publish_indices.shape[0]
         if out is None:
             out = (self._static_out[:n] if self._static_out is not None
                    else torch.empty((n,), dtype=self.buf.dtype, device=self.buf.device))
-        step = self.step
-        self.step += 1
-        row = self._host_row(step) if host else None
-        if n == 0 and m == 0:
-            self._out_sum.zero_()
-            if row is not None:
-                row[0], row[-1] = 0, step
-            return PublishGatherResult(out, self._out_sum, self._flag, row, step, n)
-        impl = _reference_impl if self.backend == "reference" else _launch
-        self.launches += 1
-        impl(self.buf, gather_indices, publish_indices if m else None,
-             publish_values if m else None, out, self._out_sum, row, self._flag,
-             self.poison, step if host else None, row.shape[0] - 1 if host else 0)
-        result = PublishGatherResult(out, self._out_sum, self._flag, row, step, n)
-        if self.poison and not self._on_cuda:
-            result.raise_if_poisoned()
-        return result
+        m = 0 if publish_indices is None else publish_indices.shape[0]
+        if n == 0 and m == 0:  # DP-idle: validate, launch nothing
+            _validate(self.buf, gather_indices, publish_indices, publish_values, out, None,
+                      None, deep=False)
+            self.out_sum.zero_()
+            stamp = None
+            if host:
+                self.ensure_host_ring()
+                stamp = self.stamp = self.step & self.STAMP_MASK
+                self.step += 1
+                self._ring_np[stamp & 1, 0] = 0
+                self._ring_np[stamp & 1, -1] = stamp
+            return PublishGatherResult(out, self.out_sum, self._flag,
+                                       None if stamp is None else self._row(stamp), stamp, 0)
+        self.launch_checked(gather_indices, publish_indices, publish_values, host, out)
+        stamp = self.stamp
+        return PublishGatherResult(out, self.out_sum, self._flag,
+                                   self._row(stamp) if host else None,
+                                   stamp if host else None, n)
 
     def read_host(self, result: PublishGatherResult, wait=None):
-        """``(seq_lens_cpu, seq_lens_sum)`` from the launch that produced ``result``.
-
-        Call once that launch has completed (``wait`` is how to wait for it). The lengths
-        are copied out of the ring, so the caller owns them for as long as it likes."""
+        """``(seq_lens_cpu, seq_lens_sum)`` from the launch that produced ``result``."""
         if result.host is None:
             raise ValueError("this launch was made with host=False: it has no host mirror")
-        n = result.n
-        stamp = int(result.host[-1])
-        if stamp != result.stamp:
+        return self.read_row(result.stamp, result.n, wait)
+
+    def read_row(self, stamp: int, n: int, wait=None):
+        """``(seq_lens_cpu, seq_lens_sum)`` of launch ``stamp`` from its ring row.
+
+        Call once that launch has completed (``wait`` is how to wait for it). The lengths
+        are copied out of the ring, so the caller owns them for as long as it likes. The
+        stamp is read through numpy: a scalar compare, not a tensor op."""
+        row = self._ring_np[stamp & 1]
+        if row[-1] != stamp:
             if self.debug or wait is None:
                 raise StaleHostMirrorError(
-                    f"host mirror slot holds step {stamp}, expected step {result.stamp}")
+                    f"host mirror slot holds step {int(row[-1])}, expected step {stamp}",
+                    "stale")
             wait()
-            stamp = int(result.host[-1])
-            if stamp != result.stamp:
+            if row[-1] != stamp:
                 raise StaleHostMirrorError(
-                    f"host mirror slot holds step {stamp} after waiting, expected "
-                    f"step {result.stamp}")
+                    f"host mirror slot holds step {int(row[-1])} after waiting, expected "
+                    f"step {stamp}", "stale after waiting")
         if self.poison:
             _raise_if_flagged(self._flag)
-        lens, total = result.host[:n].clone(), int(result.host[n])
-        if int(result.host[-1]) != result.stamp:  # overwritten while copying: torn
+        lens, total = torch.from_numpy(row[:n].copy()), int(row[n])
+        if row[-1] != stamp:  # overwritten while copying: torn
             raise StaleHostMirrorError(
-                f"host mirror slot was rewritten (step {int(result.host[-1])}) while step "
-                f"{result.stamp} was being read")
+                f"host mirror slot was rewritten (step {int(row[-1])}) while step "
+                f"{stamp} was being read", "torn")
         return lens, total
+
+
+def _reference_host_row(out, out_sum, row, stamp) -> None:
+    n = out.shape[0]
+    torch.sum(out, 0, out=out_sum)
+    row[:n].copy_(out)
+    row[n].copy_(out_sum)
+    row[-1] = stamp
 
 
 def prewarm(device) -> int:
@@ -557,11 +836,12 @@ def prewarm(device) -> int:
     scratch = torch.zeros((4,), dtype=torch.int64, device=device)
     pg = PublishGather(scratch, max_batch=2)
     idx = torch.tensor([1, 2], dtype=torch.int64, device=device)
-    host_idx = torch.tensor([1, 2], dtype=torch.int64).pin_memory()
+    host_idx = pg.stage_host_indices(torch.tensor([1, 2], dtype=torch.int64))
     for values in (idx.clone(), idx.int()):
         for gather in (idx, host_idx):
             for host in (False, True):
-                pg(gather, idx, values, host=host)
-    pg(idx[:0], idx, idx.clone())  # a publish-only flush
+                pg.launch(gather, idx, values, host)
+                pg.launch(gather, None, None, host)
+    pg.launch(idx[:0], idx, idx.clone(), False)  # a publish-only flush
     torch.cuda.current_stream(device).synchronize()
     return pg.launches
