@@ -17,6 +17,12 @@ that publishes, gathers and sums. What the host gets follows :mod:`spec_fused.ca
   for the schedule stream and its WAR barrier - and writes ``bs + 1`` values into a
   stamped pinned ring. The host waits for that launch alone, never for a pool-sized copy.
 
+The per-step path is a straight line: everything fixed per FutureMap (the buffer, the
+launcher and its backend, the device, whether it has a consume-once flag or relay
+buffers, the private stream) is bound when the relay is made; a step reads its inputs,
+makes one launch and writes the batch's fields. Input checks are the launcher's O(1)
+guard; the full checks run only on what the guard does not recognise, or in debug mode.
+
 A publish still pending when anything else reads ``new_seq_lens_buf`` is flushed first
 (see :func:`read_buffer`), and a resolve with nothing to gather flushes too, so no pending
 publish outlives the next forward. Every failure walks down a ladder - Triton kernel ->
@@ -44,16 +50,21 @@ from spec_fused.kernels.publish_gather import (
     PoisonedSlotError,
     PublishGather,
     StaleHostMirrorError,
+    explain_relay_backend,
 )
 
 logger = logging.getLogger("spec_fused")
 
-RELAY_ATTR = "_spec_fused_relay"
+RELAY_ATTR = "_spec_fused_relay"  # the live relay, or None where SGLang's path runs
+DISABLED_ATTR = "_spec_fused_disabled"  # a relay handed back to SGLang, kept for inspection
 CAPS_ATTR = "_spec_fused_caps"  # set by the scheduler patch, which knows worker + backends
 BUF_ATTR = "new_seq_lens_buf"
 
 _logged: set = set()
 _live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()
+# Errors that are the caller's (bad input) or a caught bug, not a reason to change backend.
+_NOT_A_BACKEND_FAILURE = (ValueError, TypeError, AssertionError, PoisonedSlotError,
+                          StaleHostMirrorError)
 
 
 def log_once(key, msg, *args, level=logging.WARNING) -> None:
@@ -106,32 +117,70 @@ class _BackendsDecision:
 
 
 class FusedRelay:
-    """Per-FutureMap state: the pending publish, the launcher, the chosen variant."""
+    """Per-FutureMap state: the pending publish, the launcher, the chosen variant.
+
+    Why each step allocates its ``(n,)`` result rather than writing into a ring: the
+    tensor becomes ``batch.seq_lens``, and SGLang 0.5.23 keeps it well past the step -
+    ``_forward_isolation`` snapshots every batch field and ``batch_record_buf`` pins the
+    snapshot for two iterations, ``result_queue`` holds a ``batch.copy()``, ``last_batch``
+    and an unscheduled ``running_batch`` keep it while prefills run (and
+    ``merge_batch``/``filter_batch`` read it later on the schedule stream), and workers
+    carry it into the next forward's inputs. Those readers are ordered by torch's caching
+    allocator (``record_stream``) and SGLang's keep-alive buffers, i.e. by reference
+    lifetime, not by a step count: a ring of any fixed depth can be overwritten while a
+    batch still holds a slot (a running batch left unscheduled behind prefills, read by
+    ``merge_batch`` after more resolves than the ring is deep), and the exact path writes
+    from a private stream that is deliberately not ordered behind the schedule stream.
+    So the result is allocated like upstream's ``new_seq_lens_buf[fi]`` is; what is
+    bound once is everything else (``out_sum``, the host ring, the staging buffer, the
+    compiled kernel).
+
+    Why a consumed publish is kept one more step (``landed``): its tensors come from the
+    forward stream and the launch that reads them runs on another stream. Keeping a
+    reference until the next resolve means the caching allocator can only hand their
+    blocks to a forward-stream allocation after the next forward was enqueued, and that
+    forward waits for the schedule stream (``forward_stream.wait_stream``) and so for the
+    launch - the guarantee ``record_stream`` would give, without a call per tensor."""
 
     def __init__(self, future_map, caps: SpecCaps, *, debug: bool):
         self.future_map_ref = weakref.ref(future_map)
         self.debug = debug
-        self.set_caps(caps)
         buf = future_map.__dict__[BUF_ATTR]
         self.device = buf.device
         self.on_cuda = buf.device.type == "cuda"
-        self.launcher = PublishGather(buf, poison=debug, validate=debug, debug=debug)
+        backend, _ = explain_relay_backend(buf.device)
+        self.launcher = PublishGather(buf, poison=debug, validate=debug, debug=debug,
+                                      backend=backend)
+        self.set_caps(caps)
         self.pending: Optional[tuple] = None  # (indices, values) not yet in the buffer
-        self.relay_stream = None
-        self.done_event = None
-        self.host_index_buf: Optional[torch.Tensor] = None
+        self.landed: Optional[tuple] = None  # the last consumed publish (see the class doc)
         self.disabled_reason: Optional[str] = None
         # 0.5.23's FutureMap arms a consume-once flag on publish; 0.5.15's has none.
         self.consume_once_flag = "_publish_fresh" in future_map.__dict__
+        # 0.5.23's FutureRelayBuffers (a captured verify graph scatters itself).
+        self.has_relay_buffers = hasattr(type(future_map), "_relay") or \
+            "_relay" in future_map.__dict__
+        self.relay_stream = self.done_event = self.relay_stream_ctx = None
+        if self.on_cuda:
+            self.relay_stream = torch.cuda.Stream(self.device)
+            self.done_event = torch.cuda.Event()
+            self.relay_stream_ctx = torch.cuda.stream(self.relay_stream)
+        self._bind_launch()
         _live_relays.add(self)
 
-    # ------------------------------------------------------------------ launching
+    # ------------------------------------------------------------------ binding
 
     def set_caps(self, caps: SpecCaps) -> None:
         """Adopt (possibly newer) capabilities, e.g. the scheduler's, which know the worker."""
         self.caps = caps
         self.host_seq_lens = caps.host_seq_lens
+        self.exact = caps.host_seq_lens == "exact"
         self.variant = select_variant(caps)
+        if self.exact and self.on_cuda:
+            self.launcher.ensure_host_ring()
+
+    def _bind_launch(self) -> None:
+        self._launch = self.launcher.launch_checked if self.debug else self.launcher.launch
 
     @property
     def launches(self) -> int:
@@ -139,113 +188,126 @@ class FusedRelay:
 
     def rebind(self, buf: torch.Tensor) -> None:
         """FutureMap swapped its buffer (``_adopt_relay``): keep launching into the new one."""
-        self.launcher.buf = buf
+        self.launcher.rebind(buf)
+        self._bind_launch()
 
-    def _launch(self, gather_indices, host: bool, out=None):
-        publish = self.pending or (None, None)
-        try:
-            result = self.launcher(gather_indices, *publish, host=host, out=out)
-        except (ValueError, TypeError, PoisonedSlotError, StaleHostMirrorError):
-            raise  # bad input or a caught consume-once bug: not a reason to change backend
-        except Exception as exc:
-            if self.launcher.backend == "reference":
-                raise
-            log_once(("kernel", self.device.type, type(exc).__name__),
-                     "fused kernel failed on %s (%s: %s); falling back to the torch reference",
-                     self.device, type(exc).__name__, exc)
-            self.launcher.backend = "reference"
-            result = self.launcher(gather_indices, *publish, host=host, out=out)
-        self.pending = None
-        return result
-
-    def flush(self) -> None:
-        """Land a pending publish now (a publish-only launch on the current stream)."""
-        if self.pending is None:
-            return
-        self.fence_current_stream()
-        self._launch(self.launcher.buf[:0].long(), host=False)
-
-    def fence_current_stream(self, wait_for_publish: bool = True) -> None:
-        """Order the caller's stream after the publish on the device (no host wait), and
-        keep the pending publish's tensors alive until that stream has used them."""
-        if not self.on_cuda:
-            return
-        cur = torch.cuda.current_stream(self.device)
-        fm = self.future_map_ref()
-        if wait_for_publish and fm is not None and fm.publish_ready is not None:
-            cur.wait_event(fm.publish_ready)
-        self._keep_alive_on(cur)
-
-    def _keep_alive_on(self, stream, *tensors) -> None:
-        if stream is None:
-            return
-        for t in (*(self.pending or ()), *tensors):
-            if t is not None and t.device.type == "cuda":
-                t.record_stream(stream)
+    def _fall_back(self, exc, gi, pi, pv, host: bool) -> torch.Tensor:
+        """The kernel failed: log why once, switch this relay to the reference, retry."""
+        if isinstance(exc, _NOT_A_BACKEND_FAILURE) or \
+                self.launcher.backend in ("reference", "null"):
+            raise exc
+        log_once(("kernel", self.device.type, type(exc).__name__),
+                 "fused kernel failed on %s (%s: %s); falling back to the torch reference",
+                 self.device, type(exc).__name__, exc)
+        self.launcher.backend = "reference"
+        self._bind_launch()
+        return self._launch(gi, pi, pv, host)
 
     # ------------------------------------------------------------------ FutureMap API
 
     def publish(self, fm, indices, new_seq_lens) -> None:
         if self.pending is not None:  # two publishes without a resolve: keep their order
             self.flush()
-        relay = getattr(fm, "_relay", None)
-        if relay is not None and new_seq_lens is getattr(relay, "published_seq_lens", None):
+        relay = fm._relay if self.has_relay_buffers else None
+        if relay is not None and new_seq_lens is relay.published_seq_lens:
             relay.published_seq_lens = None  # a captured verify graph already scattered
         else:
             self.pending = (indices, new_seq_lens)
-        if fm.spec_algo.is_some():  # as upstream: the event other readers gate on
-            if fm.publish_ready is None:
-                fm.publish_ready = torch.get_device_module(self.device).Event()
-            fm.publish_ready.record()
-            if self.consume_once_flag:
-                fm._publish_fresh = True
+        event = fm.publish_ready  # as upstream: the event other readers gate on
+        if event is None:
+            event = fm.publish_ready = torch.get_device_module(self.device).Event()
+        event.record()
+        if self.consume_once_flag:
+            fm._publish_fresh = True
 
-    def resolve(self, fm, batch, stream_ordered: bool) -> None:
-        draft_input = batch.spec_info
-        fi = None if draft_input is None else draft_input.future_indices
+    def resolve(self, fm, batch, stream_ordered: bool = False) -> None:
+        spec = batch.spec_info
+        fi = None if spec is None else spec.future_indices
         if fi is None:
-            # Nothing to gather, but no pending publish may outlive this step: the next
-            # forward may scatter newer values itself (a captured verify graph).
-            self.flush()
+            if self.pending is not None:  # no pending publish may outlive this step
+                self.flush()
             return
-        if fm.publish_ready is not None and self.consume_once_flag:
-            # Upstream's consume-once arming (0.5.23; absent in 0.5.15): every event wait
-            # must be re-armed by a fresh publish.
-            if self.debug and not stream_ordered:
+        event = fm.publish_ready
+        if self.consume_once_flag:  # upstream's consume-once arming (0.5.23)
+            if self.debug and not stream_ordered and event is not None:
                 assert fm._publish_fresh, "resolve without a fresh forward publish"
             fm._publish_fresh = False
-
-        exact = fm.needs_cpu_seq_lens and self.host_seq_lens == "exact"
-        if self.on_cuda and exact and not stream_ordered:
-            result = self._resolve_exact_on_cuda(fm, batch, fi)
-        else:
-            # As upstream's GPU-only path: the schedule stream waits for the publish on
-            # the device (stream_ordered: already on the forward stream); no host wait.
-            self.fence_current_stream(wait_for_publish=not stream_ordered)
-            result = self._launch(fi, host=exact)
-        batch.seq_lens = result.seq_lens
+        exact = self.exact and fm.needs_cpu_seq_lens
+        if self.on_cuda:
+            if exact and not stream_ordered:
+                return self._resolve_exact_cuda(batch, fi, event)
+            if event is not None and not stream_ordered:
+                event.wait()  # as upstream's GPU-only path: the stream waits, on device
+        pending = self.pending
+        pi, pv = pending or (None, None)
+        try:
+            out = self._launch(fi, pi, pv, exact)
+        except Exception as exc:
+            out = self._fall_back(exc, fi, pi, pv, exact)
+        self.landed, self.pending = pending, None
+        batch.seq_lens = out
         if not exact:
             batch.seq_lens_cpu = None
             batch.seq_lens_sum = None
-            return
-        wait = None
-        if self.on_cuda and not stream_ordered:
-            wait = self.done_event.synchronize
-            wait()  # the host waits for this launch only
-        elif self.on_cuda:
+        elif not self.on_cuda:
+            # The device is the host: the lengths are the host lengths (as upstream's
+            # ``batch.seq_lens.cpu()``, the same tensor) and the sum is the launch's.
+            batch.seq_lens_cpu = out
+            batch.seq_lens_sum = int(self.launcher.out_sum) if out.numel() else 0
+        else:
+            # stream_ordered with exact lengths (HIP's GPU-only variant asked for them):
+            # the launch is on the current stream, so the host waits for that stream.
             torch.cuda.current_stream(self.device).synchronize()
-        batch.seq_lens_cpu, batch.seq_lens_sum = self._read_host(result, wait)
+            if not out.numel():  # DP-idle
+                batch.seq_lens_cpu, batch.seq_lens_sum = out.cpu(), 0
+            else:
+                batch.seq_lens_cpu, batch.seq_lens_sum = self._read_host(
+                    self.launcher.stamp, out, None)
 
-    def _read_host(self, result, wait):
+    def _resolve_exact_cuda(self, batch, fi, event) -> None:
+        """A private stream gated on ``publish_ready`` runs the launch, which writes
+        ``bs + 1`` values into the pinned ring; the caller's stream waits for it on the
+        device and the host waits for its event only."""
+        cur = torch.cuda.current_stream(self.device)
+        stream = self.relay_stream
+        gather = self._host_indices(batch, fi)
+        if gather is None:
+            stream.wait_stream(cur)  # the device indices were staged on the schedule stream
+            gather = fi
+        if event is not None:
+            stream.wait_event(event)
+        pending = self.pending
+        pi, pv = pending or (None, None)
+        with self.relay_stream_ctx:
+            # Allocated on the stream that writes it; the caller's stream uses it after
+            # waiting for ``done_event``, and the allocator learns that from record_stream.
+            try:
+                out = self._launch(gather, pi, pv, True)
+            except Exception as exc:
+                out = self._fall_back(exc, gather, pi, pv, True)
+            self.done_event.record(stream)
+        self.landed, self.pending = pending, None
+        out.record_stream(cur)
+        cur.wait_event(self.done_event)
+        wait = self.done_event.synchronize
+        wait()  # the host waits for this launch only
+        batch.seq_lens = out
+        if out.numel():
+            batch.seq_lens_cpu, batch.seq_lens_sum = self._read_host(
+                self.launcher.stamp, out, wait)
+        else:
+            batch.seq_lens_cpu, batch.seq_lens_sum = torch.empty(0, dtype=torch.int64), 0
+
+    def _read_host(self, stamp, out, wait):
         try:
-            return self.launcher.read_host(result, wait=wait)
+            return self.launcher.read_row(stamp, out.shape[0], wait=wait)
         except StaleHostMirrorError as exc:
             if self.debug:
                 raise
             # Release: never an older step's lengths. Read this step's from the device.
-            log_once(("stale", str(exc)), "%s; reading this step's lengths from the device",
+            log_once(("stale", exc.cause), "%s; reading this step's lengths from the device",
                      exc)
-            lens = result.seq_lens.cpu()
+            lens = out.cpu()
             return lens, int(lens.sum())
 
     def _host_indices(self, batch, fi) -> Optional[torch.Tensor]:
@@ -257,51 +319,47 @@ class FusedRelay:
         if not isinstance(host, torch.Tensor) or host.device.type != "cpu" \
                 or host.dim() != 1 or host.shape[0] != fi.shape[0] or host.is_floating_point():
             return None
-        n = host.shape[0]
-        if self.host_index_buf is None or self.host_index_buf.shape[0] < n:
-            self.host_index_buf = torch.empty((max(n, self.launcher.max_batch),),
-                                              dtype=torch.int64, pin_memory=True)
-        view = self.host_index_buf[:n]
-        view.copy_(host)  # safe: the host waited for the previous launch that read it
+        # Safe to overwrite: the host waited for the previous launch that read it.
+        view = self.launcher.stage_host_indices(host)
         if self.debug and not torch.equal(view, fi.cpu()):
             raise AssertionError("batch.req_pool_indices_cpu differs from future_indices")
         return view
 
-    def _resolve_exact_on_cuda(self, fm, batch, fi):
-        """A private stream gated on ``publish_ready`` runs the launch, which writes
-        ``bs + 1`` values into the pinned ring; the caller's stream waits for it on the
-        device and the host waits for its event only (see :meth:`resolve`)."""
+    # ------------------------------------------------------------------ other readers
+
+    def flush(self) -> None:
+        """Land a pending publish now (a publish-only launch on the current stream)."""
+        if self.pending is None:
+            return
+        self.fence_current_stream()
+        indices, values = self.pending
+        empty = self.launcher.buf[:0]
+        try:
+            self._launch(empty, indices, values, False)
+        except Exception as exc:
+            self._fall_back(exc, empty, indices, values, False)
+        self.pending = None
+
+    def fence_current_stream(self, wait_for_publish: bool = True) -> None:
+        """Order the caller's stream after the publish on the device (no host wait), and
+        keep the pending publish's tensors alive until that stream has used them."""
+        if not self.on_cuda:
+            return
         cur = torch.cuda.current_stream(self.device)
-        if self.relay_stream is None:
-            self.relay_stream = torch.cuda.Stream(self.device)
-            self.done_event = torch.cuda.Event()
-        stream = self.relay_stream
-        gather = self._host_indices(batch, fi)
-        if gather is None:
-            stream.wait_stream(cur)  # the device indices were staged on the schedule stream
-            gather = fi
-        if fm.publish_ready is not None:
-            stream.wait_event(fm.publish_ready)
-        self._keep_alive_on(stream)  # the pending publish was made on the forward stream
-        with torch.cuda.stream(stream):
-            # Allocated on the stream that writes it; the caller's stream uses it after
-            # waiting for ``done_event``, and the allocator learns that from record_stream.
-            out = torch.empty((fi.shape[0],), dtype=torch.int64, device=self.device)
-            result = self._launch(gather, host=True, out=out)
-            self.done_event.record(stream)
-        out.record_stream(cur)
-        cur.wait_event(self.done_event)
-        return result
+        fm = self.future_map_ref()
+        if wait_for_publish and fm is not None and fm.publish_ready is not None:
+            cur.wait_event(fm.publish_ready)
+        for t in self.pending or ():
+            if t is not None and t.device.type == "cuda":
+                t.record_stream(cur)
 
 
 def relay_for(fm) -> Optional[FusedRelay]:
     """The relay of ``fm``, made on first use; None where SGLang's own path must run."""
-    relay = fm.__dict__.get(RELAY_ATTR)
-    if relay is not None:
-        return None if relay.disabled_reason else relay
-    if RELAY_ATTR in fm.__dict__:
-        return None
-    fm.__dict__[RELAY_ATTR] = None  # decided once per FutureMap
+    d = fm.__dict__
+    if RELAY_ATTR in d:
+        return d[RELAY_ATTR]
+    d[RELAY_ATTR] = None  # decided once per FutureMap
     try:
         if not fm.spec_algo.is_some():
             return None
@@ -313,7 +371,7 @@ def relay_for(fm) -> Optional[FusedRelay]:
         for attr in (BUF_ATTR, "needs_cpu_seq_lens", "publish_ready", "spec_algo"):
             if not hasattr(fm, attr):
                 raise AttributeError(f"FutureMap has no attribute {attr!r}")
-        caps = fm.__dict__.get(CAPS_ATTR) or establish(caps_for(
+        caps = d.get(CAPS_ATTR) or establish(caps_for(
             fm.spec_algo, attn_backends=[_BackendsDecision(bool(fm.needs_cpu_seq_lens))]),
             fm.spec_algo)
         if caps.host_seq_lens == "reserved" and not plans_with_reserved_bound(fm.spec_algo):
@@ -332,13 +390,20 @@ def relay_for(fm) -> Optional[FusedRelay]:
                  type(exc).__name__, exc)
         return None
     if debug and not _sglang_tracks_seq_lens() and getattr(fm, "_relay", None) is None:
-        fm.__dict__[BUF_ATTR].fill_(-1)  # poisoned init, as upstream's debug mode
-    fm.__dict__[RELAY_ATTR] = relay
+        d[BUF_ATTR].fill_(-1)  # poisoned init, as upstream's debug mode
+    d[RELAY_ATTR] = relay
+    _warn_ignored_force_backend(relay)
     log_once(("variant", relay.variant, relay.host_seq_lens, str(relay.device)),
              "relaying %s lengths with the fused %s variant (host lengths: %s, kernel: %s)",
              getattr(fm.spec_algo, "name", fm.spec_algo), relay.variant, relay.host_seq_lens,
              relay.launcher.backend, level=logging.INFO)
     return relay
+
+
+def _warn_ignored_force_backend(relay: FusedRelay) -> None:
+    _, why = explain_relay_backend(relay.device)
+    if "ignored" in why:
+        log_once(("force-backend", why), "%s", why)
 
 
 _prewarmed: set = set()
@@ -363,15 +428,17 @@ def prewarm_for(fm, buf) -> None:
                  type(exc).__name__, exc)
 
 
-def disable(relay: FusedRelay, reason: str) -> None:
-    """Hand this FutureMap back to SGLang for good: land what is pending with plain torch
-    (what upstream's publish does), then stop relaying."""
+def disable(fm, relay: FusedRelay, reason: str) -> None:
+    """Hand ``fm`` back to SGLang for good: land what is pending with plain torch (what
+    upstream's publish does), then stop relaying."""
     if relay.pending is not None:
         relay.fence_current_stream()
         indices, values = relay.pending
         relay.launcher.buf[indices.long()] = values.to(relay.launcher.buf.dtype)
         relay.pending = None
     relay.disabled_reason = reason
+    fm.__dict__[RELAY_ATTR] = None
+    fm.__dict__[DISABLED_ATTR] = relay
 
 
 def flush_all() -> None:
@@ -387,7 +454,7 @@ def read_buffer(fm) -> torch.Tensor:
         try:
             relay.flush()
         except Exception as exc:
-            disable(relay, f"flush failed: {exc}")
+            disable(fm, relay, f"flush failed: {exc}")
     try:
         return fm.__dict__[BUF_ATTR]
     except KeyError:

@@ -39,6 +39,12 @@ def _patched_run(algo=EAGLE, cfg=CFG, before_trace=None):
         sglang_patch.remove()
 
 
+def _break_reference(monkeypatch, broken):
+    """Both reference paths fail: the checked one and the launcher's lean step."""
+    monkeypatch.setattr(pg, "_reference_impl", broken)
+    monkeypatch.setattr(pg.PublishGather, "_launch_reference", lambda self, *args: broken())
+
+
 def _messages(caplog):
     return [r.getMessage() for r in caplog.records if r.name == "spec_fused"]
 
@@ -66,11 +72,11 @@ def test_reference_that_raises_too_hands_back_to_sglang(monkeypatch, caplog, ups
         raise RuntimeError("device lost")
 
     monkeypatch.setattr(pg, "_launch", broken)
-    monkeypatch.setattr(pg, "_reference_impl", broken)
+    _break_reference(monkeypatch, broken)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         got, fm = _patched_run()
     assert got == upstream
-    relay = fm.__dict__[relay_mod.RELAY_ATTR]
+    relay = fm.__dict__[relay_mod.DISABLED_ATTR]
     assert relay.disabled_reason and relay_mod.relay_for(fm) is None
     hits = [m for m in _messages(caplog) if "SGLang's own relay takes over" in m]
     assert len(hits) == 1
@@ -88,7 +94,7 @@ def test_failure_after_a_pending_publish_still_lands_it(monkeypatch, upstream):
         return real_launch(*args, **kwargs)
 
     monkeypatch.setattr(pg, "_launch", flaky)
-    monkeypatch.setattr(pg, "_reference_impl", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    _break_reference(monkeypatch, lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
     got, _ = _patched_run()
     assert got == upstream
 

@@ -1,5 +1,6 @@
 """No stale or torn lengths: the stamped, double-buffered host mirror and two batches in flight."""
 
+import logging
 import random
 
 import pytest
@@ -146,32 +147,38 @@ def test_debug_consume_once_catches_a_double_read(debug_fm):
     assert info.value.slot == 2
 
 
-def _skip_host_write(relay):
-    real = relay.launcher.__class__.__call__
-
-    def call(self, *args, **kwargs):
-        res = real(self, *args, **kwargs)
-        if res.host is not None:
-            res.host[-1] = -12345  # a launch that did not write this slot
-        return res
-
-    relay.launcher.__class__ = type("Broken", (PublishGather,), {"__call__": call})
+def _launched_with_a_stale_stamp(relay, gather, lens):
+    """A host-mirror launch through the relay's launcher whose row then reads as another
+    launch's (as a launch that did not write it would leave it)."""
+    relay.launcher.buf[torch.tensor(gather)] = torch.tensor(lens)
+    out = relay.launcher.launch_checked(torch.tensor(gather), None, None, True)
+    stamp = relay.launcher.stamp
+    relay.launcher._ring_np[stamp & 1, -1] = -12345
+    return stamp, out
 
 
 @pytest.mark.parametrize("debug", [True, False])
-def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypatch, debug):
+def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypatch, debug,
+                                                                       caplog):
     if debug:
         monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
+    relay_mod._logged.clear()
     with patched_future_map(SpeculativeAlgorithm.EAGLE, SMALL) as fm:
         fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
-        _skip_host_write(relay_mod.relay_for(fm))
-        batch = _decode_batch([1, 2], SMALL)
+        relay = relay_mod.relay_for(fm)
         if debug:
+            stamp, out = _launched_with_a_stale_stamp(relay, [1, 2], [7, 8])
             with pytest.raises(StaleHostMirrorError, match="expected step"):
-                fm.resolve_seq_lens_cpu(batch)
-        else:
-            fm.resolve_seq_lens_cpu(batch)
-            assert batch.seq_lens_cpu.tolist() == [7, 8] and batch.seq_lens_sum == 15
+                relay._read_host(stamp, out, wait=lambda: None)
+            return
+        with caplog.at_level(logging.WARNING, logger="spec_fused"):
+            for step in range(3):  # one log line per cause, not per step
+                stamp, out = _launched_with_a_stale_stamp(relay, [1, 2], [7 + step, 8])
+                lens, total = relay._read_host(stamp, out, wait=lambda: None)
+                assert lens.tolist() == [7 + step, 8] and total == 15 + step
+    lines = [r.getMessage() for r in caplog.records if "reading this step's lengths" in
+             r.getMessage()]
+    assert len(lines) == 1
 
 
 def test_a_resolve_with_nothing_to_gather_lands_the_pending_publish():

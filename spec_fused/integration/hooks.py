@@ -1,9 +1,12 @@
 """Reversible patches: every change records what it replaced, so removal is exact.
 
-SGLang's ``HookRegistry`` is one-shot (no un-apply, and it resolves targets by importing
-them). Method hooks go through it when it is present - so SGLang's own logs and conflict
-warnings see them - and are taken back out of it on removal; attributes it cannot express
-(a property on a class, a hook on a module not imported yet) are set here directly.
+Why not SGLang's ``HookRegistry``: it is one-shot (no un-apply; it resolves targets by
+importing them), and every form it offers for a method - AROUND and REPLACE alike - calls
+the hook from a ``wrapper(*args, **kwargs)`` frame, which the relay's per-step methods
+would pay on every call (``bench/host_overhead.py`` prices the forms). Here a method is
+replaced by a plain function that SGLang calls directly; it keeps the original for its
+own fallback. Attributes the registry cannot express at all (a property on a class, a
+patch on a module not imported yet) are set here the same way.
 """
 
 from __future__ import annotations
@@ -19,10 +22,8 @@ _MISSING = object()
 class PatchSet:
     """An ordered record of ``(owner, name, previous __dict__ entry)``; undo restores all."""
 
-    def __init__(self, plugin_name: str):
-        self.plugin_name = plugin_name
+    def __init__(self):
         self._undo: list[tuple[object, str, object]] = []
-        self._registry_entries: list[tuple[str, Callable]] = []
         self._import_hooks: list[PostImportHook] = []
 
     @property
@@ -34,31 +35,16 @@ class PatchSet:
         self._undo.append((owner, name, owner.__dict__.get(name, _MISSING)))
         setattr(owner, name, value)
 
-    def around(self, owner, name: str, hook: Callable) -> None:
-        """Wrap ``owner.name`` so calls go to ``hook(original, *args, **kwargs)``."""
-        previous = owner.__dict__.get(name, _MISSING)
-        registry = _hook_registry()
-        target = f"{owner.__module__}.{owner.__qualname__}.{name}"
-        if registry is not None:
-            HookRegistry, HookType, HookSource = registry
-            HookRegistry.register(target, hook, HookType.AROUND,
-                                  source=HookSource(self.plugin_name, self.plugin_name))
-            HookRegistry.apply_hooks()
-            if owner.__dict__.get(name, _MISSING) is not previous:
-                self._undo.append((owner, name, previous))
-                self._registry_entries.append((target, hook))
-                return
-            _unregister(target, hook)  # the registry skipped it (target applied earlier)
+    def replace(self, owner, name: str, make: Callable[[Callable], Callable]) -> None:
+        """Install ``make(original)`` as ``owner.name``: the replacement is called
+        directly (no wrapper frame) and keeps ``original`` for its own fallback."""
         original = getattr(owner, name)
-
-        def wrapper(*args, **kwargs):
-            return hook(original, *args, **kwargs)
-
-        wrapper.__wrapped__ = original
-        wrapper.__name__ = getattr(original, "__name__", name)
-        wrapper.__qualname__ = getattr(original, "__qualname__", name)
-        wrapper.__doc__ = getattr(original, "__doc__", None)
-        self.set_attr(owner, name, wrapper)
+        fn = make(original)
+        fn.__wrapped__ = original
+        fn.__name__ = getattr(original, "__name__", name)
+        fn.__qualname__ = getattr(original, "__qualname__", name)
+        fn.__doc__ = getattr(original, "__doc__", None)
+        self.set_attr(owner, name, fn)
 
     def after_import(self, module_name: str, callback: Callable) -> None:
         """Run ``callback(module)`` now if imported, else right after it is imported."""
@@ -82,31 +68,6 @@ class PatchSet:
             else:
                 setattr(owner, name, previous)
         self._undo.clear()
-        for target, hook in self._registry_entries:
-            _unregister(target, hook)
-        self._registry_entries.clear()
-
-
-def _hook_registry():
-    try:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
-    except Exception:
-        return None
-    if not all(hasattr(HookRegistry, a) for a in ("register", "apply_hooks", "_hooks", "_patched")):
-        return None
-    return HookRegistry, HookType, HookSource
-
-
-def _unregister(target: str, hook: Callable) -> None:
-    registry = _hook_registry()
-    if registry is None:
-        return
-    HookRegistry = registry[0]
-    entries = HookRegistry._hooks.get(target, [])
-    entries[:] = [e for e in entries if e[1] is not hook]
-    if not entries:
-        HookRegistry._hooks.pop(target, None)
-        HookRegistry._patched.discard(target)
 
 
 class _PatchingLoader(importlib.abc.Loader):
