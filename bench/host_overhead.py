@@ -1,0 +1,364 @@
+"""Host cost of one relay step (publish + resolve), spec_fused side by side with SGLang.
+
+Why: SGLang's overlap scheduler runs the CPU one batch ahead of the GPU, so every
+microsecond of Python on the relay's per-step path delays the next batch. On FA3 (the
+Hopper default for DFLASH and top-k-1 EAGLE) upstream's step has no D2H and no host sync
+left, only an event wait and a few small launches: a fused relay whose host path costs
+more than that loses, however few launches it makes. This measures exactly the host side,
+on the real SGLang ``FutureMap`` class, in one process, providers interleaved:
+
+* ``upstream``        SGLang's ``FutureMap`` as shipped;
+* ``spec_fused``      patched, on the production backend (compiled Triton through the
+                      bound launcher on CUDA; the plain-torch reference on a CPU server);
+* ``spec_fused-null`` patched, ``SPEC_FUSED_FORCE_BACKEND=null SPEC_FUSED_BENCH=1``: the
+                      whole hot path with no device work, i.e. the wrapper alone;
+* ``floor-direct`` / ``floor-jit`` (CUDA only): one empty Triton launch through the bound
+                      launcher / through ``kernel[grid]``: what any one-launch relay costs.
+
+Grid: algorithm EAGLE, DFLASH x ``needs_cpu_seq_lens`` 0, 1 x batch 1 ... 1024. Per cell,
+``--rounds`` rounds; in each round every provider runs a block of ``--steps`` steps (its
+own patch state set outside the block, GC off inside); a block's mean is one sample, and
+the table gives the median (``host_us``) and the best (``host_us_best``) over rounds.
+
+A second table prices the hook layer itself: one call through SGLang's ``HookRegistry``
+AROUND and REPLACE forms and through a direct replacement (what spec_fused installs), on
+a probe class with an empty method, so nothing but the layer is timed.
+
+Nothing here asserts a time; each provider's lengths are checked once against what was
+published (outside the timed blocks), except the null provider, whose results are
+unspecified by design.
+
+    python -m bench.host_overhead --quick          # CPU, about a minute
+    python -m bench.host_overhead --out /tmp/run   # CUDA
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+from bench import common  # first: sets TRITON_INTERPRET on CPU before triton is imported
+
+import torch
+
+ALGORITHMS = ("EAGLE", "DFLASH")
+FULL_BATCHES = (1, 4, 16, 64, 256, 1024)
+QUICK_BATCHES = (1, 16, 256, 1024)
+POOL = 4096
+NULL_ENV = {"SPEC_FUSED_FORCE_BACKEND": "null", "SPEC_FUSED_BENCH": "1"}
+PROVIDER_ORDER = ("upstream", "spec_fused", "spec_fused-null", "floor-direct", "floor-jit")
+
+
+class Provider:
+    """One way of running a relay step, in the patch state it needs."""
+
+    def __init__(self, name, step, patched, check=None):
+        self.name, self.step, self.patched, self.check = name, step, patched, check
+
+
+def _relay_provider(name, algorithm, device, needs_cpu, idx, vals, *, fused, env=None,
+                    backend=None):
+    fm, relay = common.make_future_map(algorithm, device, POOL, fused=fused, env=env,
+                                       needs_cpu_seq_lens=needs_cpu)
+    if backend is not None:
+        relay.launcher.backend = backend
+        relay._bind_launch()
+    batch = common.decode_batch(idx)
+    step = common.relay_step(fm, batch, idx, vals)
+    exact = bool(needs_cpu) and (relay is None or relay.host_seq_lens == "exact")
+
+    def check():
+        step()
+        common.synchronize(device)
+        common.check_resolved(batch, vals, host_lengths=exact, what=name)
+
+    return Provider(name, step, fused, None if env is not None else check)
+
+
+def _floor_providers(device):
+    """An empty Triton launch: directly through a bound compiled kernel, and via
+    ``kernel[grid]`` - the least any one-launch relay can cost the host (CUDA only)."""
+    from bench.kernel_sweep import _floor_kernel
+    from spec_fused.kernels.launcher import bind
+
+    scratch = torch.zeros(1, dtype=torch.int64, device=device)
+    compiled = _floor_kernel[(1,)](scratch)
+    bound, why = bind(compiled, 1)
+    jit = Provider("floor-jit", lambda: _floor_kernel[(1,)](scratch), None)
+    if bound is None:
+        print(f"floor-direct: not available ({why})")
+        return [jit]
+    raw_stream = torch._C._cuda_getCurrentRawStream
+    index = device.index or 0
+
+    def direct():
+        bound.run(1, 1, 1, raw_stream(index), bound.function, bound.metadata, None, None,
+                  None, scratch)
+
+    return [Provider("floor-direct", direct, None), jit]
+
+
+def build_providers(algorithm, device, needs_cpu, batch, seed) -> list:
+    gen = torch.Generator().manual_seed(seed * 7_919 + batch + 31 * needs_cpu)
+    idx = torch.randperm(POOL - 1, generator=gen)[:batch].add_(1).to(device)
+    vals = torch.randint(1, 1 << 15, (batch,), generator=gen, dtype=torch.int64).to(device)
+    production = None if device.type == "cuda" else "reference"
+    providers = [
+        _relay_provider("upstream", algorithm, device, needs_cpu, idx, vals, fused=False),
+        _relay_provider("spec_fused", algorithm, device, needs_cpu, idx, vals, fused=True,
+                        backend=production),
+        _relay_provider("spec_fused-null", algorithm, device, needs_cpu, idx, vals,
+                        fused=True, env=NULL_ENV),
+    ]
+    if device.type == "cuda":
+        providers += _floor_providers(device)
+    common.set_patched(False)
+    return providers
+
+
+def time_block(step, steps: int, device) -> float:
+    """Mean host µs per call over one block of ``steps`` calls (GC off, device drained)."""
+    common.synchronize(device)
+    gc.disable()
+    try:
+        clock = time.perf_counter_ns
+        t0 = clock()
+        for _ in range(steps):
+            step()
+        elapsed = clock() - t0
+    finally:
+        gc.enable()
+    common.synchronize(device)
+    return elapsed / steps / 1e3
+
+
+def measure_cell(providers, device, rounds: int, steps: int, warmup: int) -> dict:
+    samples = {p.name: [] for p in providers}
+    for p in providers:
+        if p.patched is not None:
+            common.set_patched(p.patched)
+        if p.check is not None:
+            p.check()
+        for _ in range(warmup):
+            p.step()
+    for r in range(rounds):
+        order = providers[r % len(providers):] + providers[:r % len(providers)]
+        gc.collect()  # once per round, outside the blocks (GC is off inside them)
+        for p in order:
+            if p.patched is not None:
+                common.set_patched(p.patched)
+            samples[p.name].append(time_block(p.step, steps, device))
+    common.set_patched(False)
+    return samples
+
+
+def sweep(args, device) -> list:
+    from tqdm import tqdm
+
+    rows = []
+    cells = [(a, c, b) for a in args.algorithms for c in args.needs_cpu_seq_lens
+             for b in args.batches]
+    with tqdm(total=len(cells), desc="host_overhead", unit="cell", dynamic_ncols=True) as bar:
+        for algorithm, needs_cpu, batch in cells:
+            bar.set_postfix_str(f"{algorithm} needs_cpu={needs_cpu} batch={batch}",
+                                refresh=False)
+            providers = build_providers(algorithm, device, needs_cpu, batch, args.seed)
+            samples = measure_cell(providers, device, args.rounds, args.steps, args.warmup)
+            up_med = common.median(samples["upstream"])
+            up_best = min(samples["upstream"])
+            for name, times in samples.items():
+                med, best = common.median(times), min(times)
+                rows.append({
+                    "provider": name, "algorithm": algorithm,
+                    "needs_cpu_seq_lens": needs_cpu, "batch": batch,
+                    "host_us": med, "host_us_best": best,
+                    "host_us_p90": common.percentile(times, 90),
+                    "ratio_to_upstream": med / up_med,
+                    "ratio_to_upstream_best": best / up_best,
+                    "rounds": len(times), "steps_per_round": args.steps,
+                })
+            bar.update(1)
+    return rows
+
+
+# --------------------------------------------------------------------------- hook forms
+
+
+class _Probe:
+    def step(self, a, b):
+        return a
+
+
+def _install(form: str):
+    """``_Probe.step`` wrapped by ``form``; returns an undo function."""
+    import sys
+    import types
+
+    original = _Probe.__dict__["step"]
+    if form == "direct":
+        def make(orig):
+            def step(self, a, b):
+                return orig(self, a, b)
+            return step
+
+        _Probe.step = make(original)
+        return lambda: setattr(_Probe, "step", original)
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    module = types.ModuleType("spec_fused_hook_probe")
+    module._Probe = _Probe
+    sys.modules[module.__name__] = module
+    target = f"{module.__name__}._Probe.step"
+    if form == "around":
+        hook, kind = (lambda orig, self, a, b: orig(self, a, b)), HookType.AROUND
+    else:
+        hook, kind = (lambda self, a, b: original(self, a, b)), HookType.REPLACE
+    saved = {k: list(v) for k, v in HookRegistry._hooks.items()}, set(HookRegistry._patched)
+    HookRegistry.register(target, hook, kind)
+    HookRegistry.apply_hooks()
+
+    def undo():
+        _Probe.step = original
+        HookRegistry._hooks.clear()
+        HookRegistry._hooks.update(saved[0])
+        HookRegistry._patched.clear()
+        HookRegistry._patched.update(saved[1])
+        sys.modules.pop(module.__name__, None)
+
+    return undo
+
+
+def hook_forms(rounds: int, calls: int) -> list:
+    """ns per call of a method reached through each hook form (``none`` = unpatched)."""
+    probe = _Probe()
+    forms = ("none", "direct", "replace", "around")
+    samples = {f: [] for f in forms}
+    for r in range(rounds):
+        for form in forms[r % 4:] + forms[:r % 4]:
+            undo = _install(form) if form != "none" else (lambda: None)
+            try:
+                step = probe.step
+                gc.disable()
+                t0 = time.perf_counter_ns()
+                for _ in range(calls):
+                    probe.step(1, 2)
+                samples[form].append((time.perf_counter_ns() - t0) / calls)
+                gc.enable()
+            finally:
+                undo()
+            del step
+    base = common.median(samples["none"])
+    return [{"form": f, "ns_per_call": common.median(samples[f]),
+             "ns_over_unpatched": common.median(samples[f]) - base} for f in forms]
+
+
+# --------------------------------------------------------------------------- report
+
+TABLE_COLUMNS = ("algorithm", "needs_cpu_seq_lens", "batch", "provider", "host_us",
+                 "host_us_best", "ratio_to_upstream")
+
+
+def summary(rows: list) -> list:
+    """Per provider: the worst ratio to upstream over the grid (median and best-of)."""
+    out = []
+    for name in PROVIDER_ORDER:
+        mine = [r for r in rows if r["provider"] == name]
+        if not mine or name == "upstream":
+            continue
+        worst = max(mine, key=lambda r: r["ratio_to_upstream"])
+        out.append({"provider": name,
+                    "worst_ratio": worst["ratio_to_upstream"],
+                    "worst_at": f"{worst['algorithm']} ncsl={worst['needs_cpu_seq_lens']} "
+                                f"bs={worst['batch']}",
+                    "median_ratio": common.median(r["ratio_to_upstream"] for r in mine),
+                    "worst_ratio_best_of": max(r["ratio_to_upstream_best"] for r in mine)})
+    return out
+
+
+def plot(rows: list, path, device) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [(a, c) for a in dict.fromkeys(r["algorithm"] for r in rows)
+             for c in dict.fromkeys(r["needs_cpu_seq_lens"] for r in rows)]
+    fig, axes = plt.subplots(1, len(cells), squeeze=False, figsize=(5.2 * len(cells), 4.5))
+    for j, (algorithm, needs_cpu) in enumerate(cells):
+        series = {}
+        for name in PROVIDER_ORDER:
+            pts = sorted((r["batch"], r["host_us"]) for r in rows if r["provider"] == name
+                         and r["algorithm"] == algorithm and r["needs_cpu_seq_lens"] == needs_cpu)
+            if pts:
+                series[name] = tuple(zip(*pts))
+        common.plot_lines(series, path, title=f"{algorithm}, needs_cpu_seq_lens={needs_cpu}",
+                          xlabel="batch size", ylabel="host µs per step (median)",
+                          ax=axes[0][j])
+    fig.suptitle(f"spec_fused relay host cost per step (publish + resolve) on "
+                 f"{common.device_name(device)}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.host_overhead",
+        description="Host µs per relay step: SGLang's FutureMap vs spec_fused vs its "
+                    "wrapper alone (null backend), interleaved in one process.")
+    common.add_common_args(parser)
+    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
+    parser.add_argument("--needs-cpu-seq-lens", type=int, nargs="+", choices=(0, 1),
+                        default=[0, 1])
+    parser.add_argument("--batches", type=int, nargs="+")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds per cell")
+    parser.add_argument("--steps", type=int, help="steps per block")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    args.batches = args.batches or list(QUICK_BATCHES if args.quick else FULL_BATCHES)
+    args.rounds = args.rounds or (7 if args.quick else 15)
+    args.steps = args.steps or (100 if args.quick else 200)
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    device = common.pick_device()
+    prepared = common.prepare_device(device)
+    t0 = time.perf_counter()
+    rows = sweep(args, device)
+    forms = hook_forms(rounds=9, calls=100_000 if not args.quick else 30_000)
+    out_dir = common.results_dir(device, args.out)
+    payload = {
+        "device": common.device_name(device),
+        "versions": common.versions(device),
+        "rows": rows,
+        "summary": summary(rows),
+        "hook_forms": forms,
+        "config": {"quick": args.quick, "pool": POOL, "batches": args.batches,
+                   "algorithms": args.algorithms,
+                   "needs_cpu_seq_lens": args.needs_cpu_seq_lens, "rounds": args.rounds,
+                   "steps_per_round": args.steps, "warmup": args.warmup,
+                   "production_backend": "triton" if device.type == "cuda" else "reference",
+                   **prepared, "wall_s": round(time.perf_counter() - t0, 1)},
+    }
+    json_path = common.write_json(out_dir / "host_overhead.json", payload)
+    print(common.format_table(rows, TABLE_COLUMNS))
+    print()
+    print(common.format_table(payload["summary"], ("provider", "worst_ratio", "worst_at",
+                                                   "median_ratio", "worst_ratio_best_of")))
+    print()
+    print(common.format_table(forms, ("form", "ns_per_call", "ns_over_unpatched")))
+    png = None
+    if not args.no_plot and rows:
+        png = out_dir / "host_overhead.png"
+        plot(rows, png, device)
+    print(f"\nhost_overhead: {len(rows)} rows in {payload['config']['wall_s']} s -> {json_path}"
+          + (f", {png}" if png else ""))
+    return payload
+
+
+if __name__ == "__main__":
+    main()
