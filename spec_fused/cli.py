@@ -81,6 +81,12 @@ def render_doctor(report: dict) -> str:
     else:
         out += _table([(dev, str(info.get("backend")), str(info.get("reason")))
                        for dev, info in b.items()])
+        seams = [(dev, str(info.get("relay_backend")), str(info.get("relay_reason")))
+                 for dev, info in b.items()
+                 if info.get("relay_reason", info.get("reason")) != info.get("reason")]
+        if seams:
+            out += ["", "Relay backend per device (where it differs: SPEC_FUSED_FORCE_BACKEND)"]
+            out += _table(seams)
 
     rows = report.get("caps", [])
     out += ["", "Capabilities (declared = caps_for; the rest as established against the "

@@ -294,7 +294,10 @@ def _devices() -> list[str]:
 
 
 def backends() -> dict:
-    """``{device: {backend, reason}}`` for ``cpu``, every visible CUDA device and MPS."""
+    """``{device: {backend, reason, relay_backend, relay_reason}}`` for ``cpu``, every
+    visible CUDA device and MPS: the public kernel's backend, and the relay's (the same,
+    unless the ``SPEC_FUSED_FORCE_BACKEND=null`` measurement seam is on, or asked for and
+    ignored)."""
     try:
         from spec_fused.kernels import publish_gather as pg
     except Exception as exc:  # noqa: BLE001 - torch or the kernel module is broken
@@ -307,8 +310,11 @@ def backends() -> dict:
         def probe(dev=dev):
             import torch
 
-            backend, reason = pg.explain_backend(torch.device(dev))
-            return {"backend": backend, "reason": reason}
+            device = torch.device(dev)
+            backend, reason = pg.explain_backend(device)
+            relay_backend, relay_reason = pg.explain_relay_backend(device)
+            return {"backend": backend, "reason": reason,
+                    "relay_backend": relay_backend, "relay_reason": relay_reason}
 
         out[dev] = _safely(probe, lambda exc: {"backend": "unavailable",
                                                "reason": f"backend_for failed ({_error(exc)})"})

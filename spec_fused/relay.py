@@ -47,6 +47,8 @@ from spec_fused.caps import (
     select_variant,
 )
 from spec_fused.kernels.publish_gather import (
+    InputError,
+    InputTypeError,
     PoisonedSlotError,
     PublishGather,
     StaleHostMirrorError,
@@ -193,6 +195,11 @@ class FusedRelay:
 
     def _fall_back(self, exc, gi, pi, pv, host: bool) -> torch.Tensor:
         """The kernel failed: log why once, switch this relay to the reference, retry."""
+        if isinstance(exc, (InputError, InputTypeError)):
+            # The caller's mistake, raised to the caller as upstream's own publish or
+            # gather would; what can still land of the pending publish does.
+            self.settle_pending()
+            raise exc
         if isinstance(exc, _NOT_A_BACKEND_FAILURE) or \
                 self.launcher.backend in ("reference", "null"):
             raise exc
@@ -340,6 +347,21 @@ class FusedRelay:
             self._fall_back(exc, empty, indices, values, False)
         self.pending = None
 
+    def settle_pending(self) -> None:
+        """Land a pending publish with plain torch (what upstream's publish does at once),
+        or, if it cannot land (it is itself the bad input), drop it: either way nothing
+        of it is left to fail again."""
+        if self.pending is None:
+            return
+        indices, values = self.pending
+        self.pending = None
+        try:
+            self.fence_current_stream()
+            self.launcher.buf[indices.long()] = values.to(self.launcher.buf.dtype)
+        except Exception as exc:
+            log_once(("unlandable", type(exc).__name__),
+                     "a publish that cannot land was dropped (%s: %s)", type(exc).__name__, exc)
+
     def fence_current_stream(self, wait_for_publish: bool = True) -> None:
         """Order the caller's stream after the publish on the device (no host wait), and
         keep the pending publish's tensors alive until that stream has used them."""
@@ -431,11 +453,7 @@ def prewarm_for(fm, buf) -> None:
 def disable(fm, relay: FusedRelay, reason: str) -> None:
     """Hand ``fm`` back to SGLang for good: land what is pending with plain torch (what
     upstream's publish does), then stop relaying."""
-    if relay.pending is not None:
-        relay.fence_current_stream()
-        indices, values = relay.pending
-        relay.launcher.buf[indices.long()] = values.to(relay.launcher.buf.dtype)
-        relay.pending = None
+    relay.settle_pending()
     relay.disabled_reason = reason
     fm.__dict__[RELAY_ATTR] = None
     fm.__dict__[DISABLED_ATTR] = relay
@@ -444,7 +462,10 @@ def disable(fm, relay: FusedRelay, reason: str) -> None:
 def flush_all() -> None:
     for relay in list(_live_relays):
         if relay.pending is not None:
-            relay.flush()
+            try:
+                relay.flush()
+            except Exception:
+                relay.settle_pending()
 
 
 def read_buffer(fm) -> torch.Tensor:

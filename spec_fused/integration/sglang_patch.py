@@ -163,9 +163,17 @@ _UNDECIDED = object()
 
 
 def _on_failure(fm, relay, exc, what):
-    from spec_fused.kernels.publish_gather import PoisonedSlotError, StaleHostMirrorError
+    from spec_fused.kernels.publish_gather import (
+        InputError,
+        InputTypeError,
+        PoisonedSlotError,
+        StaleHostMirrorError,
+    )
 
-    if isinstance(exc, (PoisonedSlotError, StaleHostMirrorError, *_PASSTHROUGH)):
+    # Bad input and caught bugs reach the caller, as upstream's own errors would; the
+    # relay stays (a bad step is not a broken relay).
+    if isinstance(exc, (InputError, InputTypeError, PoisonedSlotError, StaleHostMirrorError,
+                        *_PASSTHROUGH)):
         raise exc
     _relay.log_once(("fallback", what, type(exc).__name__),
                     "fused %s failed (%s: %s); SGLang's own relay takes over this FutureMap",

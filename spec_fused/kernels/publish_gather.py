@@ -31,6 +31,8 @@ except Exception:  # pragma: no cover - exercised by the fallback-ladder tests
 
 __all__ = [
     "BACKENDS",
+    "InputError",
+    "InputTypeError",
     "PublishGather",
     "StaleHostMirrorError",
     "PublishGatherResult",
@@ -50,6 +52,17 @@ BLOCK = 1024
 NUM_WARPS = 4
 # Marker the kernel leaves in the error flag when nothing went wrong.
 _NO_ERROR = -1
+
+
+class InputError(ValueError):
+    """Bad input to the relay's kernel (shape, device, range, ...), raised before anything
+    is written. A ``ValueError``, so callers catch it as one; its own class, so the relay
+    can tell the caller's mistake from a kernel that failed."""
+
+
+class InputTypeError(TypeError):
+    """Bad input dtype or type to the relay's kernel: a ``TypeError``, raised before
+    anything is written (see :class:`InputError`)."""
 
 
 class PoisonedSlotError(RuntimeError):
@@ -303,9 +316,9 @@ def _is_integer(t: torch.Tensor) -> bool:
 
 def _check_1d(name, t):
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+        raise InputError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
 
 
 def _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
@@ -318,59 +331,59 @@ def _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum
     if deep and buf.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         deep = False  # reading index values syncs, which graph capture forbids
     if buf.dtype != torch.int64:
-        raise TypeError(f"buf must be int64, got {buf.dtype}")
+        raise InputTypeError(f"buf must be int64, got {buf.dtype}")
     if not buf.is_contiguous():
-        raise ValueError("buf must be contiguous (it is written in place)")
+        raise InputError("buf must be contiguous (it is written in place)")
     _check_1d("gather_indices", gather_indices)
     if gather_indices.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"gather_indices must be int32 or int64, got {gather_indices.dtype}")
+        raise InputTypeError(f"gather_indices must be int32 or int64, got {gather_indices.dtype}")
     if gather_indices.device != buf.device and not _zero_copy_ok(gather_indices, buf):
-        raise ValueError(
+        raise InputError(
             f"gather_indices is on {gather_indices.device}, buf on {buf.device} (on CUDA, "
             f"pinned host indices are read zero-copy)")
     if (publish_indices is None) != (publish_values is None):
-        raise ValueError("publish_indices and publish_values must be given together")
+        raise InputError("publish_indices and publish_values must be given together")
     if publish_indices is not None:
         _check_1d("publish_indices", publish_indices)
         _check_1d("publish_values", publish_values)
         if publish_indices.dtype not in _INDEX_DTYPES:
-            raise TypeError(
+            raise InputTypeError(
                 f"publish_indices must be int32 or int64, got {publish_indices.dtype}")
         if not _is_integer(publish_values):
-            raise TypeError(f"publish_values must be an integer tensor, got {publish_values.dtype}")
+            raise InputTypeError(f"publish_values must be an integer tensor, got {publish_values.dtype}")
         for name, t in (("publish_indices", publish_indices), ("publish_values", publish_values)):
             if t.device != buf.device:
-                raise ValueError(f"{name} is on {t.device}, buf on {buf.device}")
+                raise InputError(f"{name} is on {t.device}, buf on {buf.device}")
         if publish_indices.shape[0] != publish_values.shape[0]:
-            raise ValueError(
+            raise InputError(
                 f"publish_indices has {publish_indices.shape[0]} entries but publish_values "
                 f"has {publish_values.shape[0]}")
     n = gather_indices.shape[0]
     if out is not None:
         _check_1d("out", out)
         if out.shape[0] != n or out.dtype != buf.dtype or out.device != buf.device:
-            raise ValueError(
+            raise InputError(
                 f"out must be ({n},) {buf.dtype} on {buf.device}, got {tuple(out.shape)} "
                 f"{out.dtype} on {out.device}")
         if not out.is_contiguous():
-            raise ValueError("out must be contiguous")
+            raise InputError("out must be contiguous")
     if out_sum is not None:
         if not isinstance(out_sum, torch.Tensor):
-            raise TypeError("out_sum must be a torch.Tensor")
+            raise InputTypeError("out_sum must be a torch.Tensor")
         if out_sum.numel() != 1 or out_sum.dim() > 1 or out_sum.dtype != torch.int64 \
                 or out_sum.device != buf.device:
-            raise ValueError(
+            raise InputError(
                 f"out_sum must be a 0-d or (1,) int64 tensor on {buf.device}, got "
                 f"{tuple(out_sum.shape)} {out_sum.dtype} on {out_sum.device}")
     if host_out is not None:
         _check_1d("host_out", host_out)
         if host_out.shape[0] != n + 1 or host_out.dtype != torch.int64 \
                 or host_out.device.type != "cpu" or not host_out.is_contiguous():
-            raise ValueError(
+            raise InputError(
                 f"host_out must be a contiguous ({n + 1},) int64 CPU tensor (lens then sum), "
                 f"got {tuple(host_out.shape)} {host_out.dtype} on {host_out.device}")
         if buf.device.type == "cuda" and not host_out.is_pinned():
-            raise ValueError("host_out must be pinned memory when buf is on CUDA")
+            raise InputError("host_out must be pinned memory when buf is on CUDA")
     if deep:
         pool = buf.shape[0]
         _check_range("gather_indices", gather_indices, pool)
@@ -379,7 +392,7 @@ def _validate(buf, gather_indices, publish_indices, publish_values, out, out_sum
             if torch.unique(publish_indices).shape[0] != publish_indices.shape[0]:
                 vals, counts = torch.unique(publish_indices, return_counts=True)
                 dup = int(vals[counts > 1][0])
-                raise ValueError(f"publish_indices has duplicate slot {dup}")
+                raise InputError(f"publish_indices has duplicate slot {dup}")
 
 
 def _zero_copy_ok(t: torch.Tensor, buf: torch.Tensor) -> bool:
@@ -393,7 +406,7 @@ def _check_range(name, idx, pool):
     lo, hi = int(idx.min()), int(idx.max())
     if lo < 0 or hi >= pool:
         bad = lo if lo < 0 else hi
-        raise ValueError(f"{name} has slot {bad} outside the pool [0, {pool})")
+        raise InputError(f"{name} has slot {bad} outside the pool [0, {pool})")
 
 
 # --------------------------------------------------------------------------- custom op
@@ -706,7 +719,7 @@ class PublishGather:
                   deep=self.validate or self.poison)
         n = gi.shape[0]
         if host and n > self.max_batch:
-            raise ValueError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
+            raise InputError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
         _raise_if_flagged(self._flag)  # a previous launch's consume-once failure
         if host:
             self.ensure_host_ring()
@@ -761,7 +774,7 @@ class PublishGather:
         result while the launch itself runs on another."""
         n = gather_indices.shape[0]
         if n > self.max_batch:
-            raise ValueError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
+            raise InputError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
         if out is None:
             out = (self._static_out[:n] if self._static_out is not None
                    else torch.empty((n,), dtype=self.buf.dtype, device=self.buf.device))
