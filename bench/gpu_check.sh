@@ -1,29 +1,38 @@
 #!/usr/bin/env bash
 # One-shot device check of spec_fused on a single GPU (an H200): environment, the GPU-only
-# tests, and both benchmarks at full size, in well under 8 minutes, into OUTDIR.
+# tests, and every benchmark, in well under 8 minutes, into OUTDIR.
 #
 # Why a script: GPU time is lent in short slots; everything that needs the device runs
 # from this one prepared command, each stage under its own `timeout`, so one stuck stage
 # cannot eat the slot and the others still report. It never touches the network.
 #
+# The stages: the GPU tests (bound direct launch, real streams, pinned mirrors, graph
+# capture); the kernel sweep; the host-cost sweep (upstream vs spec_fused vs its wrapper
+# alone vs the empty-launch floor); the A/B replay three ways - needs_cpu_seq_lens=1
+# (FlashInfer-like: upstream pays the full-pool D2H + sync), needs_cpu_seq_lens=0 (FA3:
+# upstream is GPU-only already, so only host time and launches can win) and the forced
+# barrier-free DFLASH arm (what the WAR barrier costs).
+#
 # Exit status: 0 when every stage succeeded (no GPU tests collected counts as success).
-# Files written into OUTDIR (8 at most):
+# Files written into OUTDIR (4; the device tool brings back 8 at most):
 #   env.txt            nvidia-smi, versions, stage exit codes and wall times
 #   gpu_tests.txt      python -m pytest -q -m gpu tests
-#   bench.log          stdout/stderr of both benchmarks (tables)
-#   kernel_sweep.json  kernel_sweep.png
-#   ab_throughput.json ab_throughput.md ab_throughput.png
+#   bench.log          stdout/stderr of every benchmark (tables)
+#   results.tar.gz     kernel_sweep.*, host_overhead.*, ab_throughput.* and the folders
+#                      ab_ncsl0/, ab_barrier_free/: unpack into bench/results/<device>/
 set -uo pipefail
 
 usage() {
   cat <<'EOF'
 usage: bash bench/gpu_check.sh OUTDIR [--dry-run]
 
-On a CUDA machine: env + `pytest -m gpu tests` + full kernel_sweep + full ab_throughput,
-results into OUTDIR. With --dry-run, or when no CUDA device is visible, it runs the CPU
---quick versions instead (CUDA hidden, TRITON_INTERPRET=1), so the script itself is
-proven on CPU. Stage limits (seconds): TESTS_TIMEOUT [90], SWEEP_TIMEOUT [150],
-AB_TIMEOUT [180]; PYTHON [python3]. Carried wheels in .whl/ (bench/fetch_gpu_wheels.sh) are installed into /tmp/site first.
+On a CUDA machine: env + `pytest -m gpu tests` + kernel_sweep + host_overhead + three A/B
+replays (needs_cpu_seq_lens 1 and 0, forced barrier-free), results into OUTDIR. With
+--dry-run, or when no CUDA device is visible, it runs the CPU --quick versions instead
+(CUDA hidden, TRITON_INTERPRET=1), so the script itself is proven on CPU. Stage limits
+(seconds): TESTS_TIMEOUT [90], SWEEP_TIMEOUT [90], HOST_TIMEOUT [90], AB_TIMEOUT [75],
+AB_EXTRA_TIMEOUT [60] for each of the two extra replays; PYTHON [python3]. Carried wheels
+in .whl/ (bench/fetch_gpu_wheels.sh) are installed into /tmp/site first.
 EOF
 }
 
@@ -42,11 +51,14 @@ done
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
-SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-150}
-AB_TIMEOUT=${AB_TIMEOUT:-180}
+SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-90}
+HOST_TIMEOUT=${HOST_TIMEOUT:-90}
+AB_TIMEOUT=${AB_TIMEOUT:-75}
+AB_EXTRA_TIMEOUT=${AB_EXTRA_TIMEOUT:-60}
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 cd "$ROOT"
+
 
 # Never the network: no hub downloads, no pip from an index.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_NO_INDEX=1
@@ -107,12 +119,27 @@ stage() {  # $1 = name, $2 = timeout (s), $3 = output file, rest = command
 }
 
 : > "$OUTDIR/gpu_tests.txt"
+WORK="$OUTDIR/results"
+rm -rf "$WORK" && mkdir -p "$WORK"
+# The A/B grid: the concurrencies the regression was measured at, and above.
+AB_GRID=(--concurrency 1 32 128 256 --rounds 3 --steps 80 --warmup-steps 10)
+(( ${#QUICK[@]} )) && AB_GRID=(--concurrency 1 32 --rounds 2 --steps 30 --warmup-steps 5)
 stage gpu_tests "$TESTS_TIMEOUT" "$OUTDIR/gpu_tests.txt" "$PYTHON" -m pytest -q -m gpu tests
 stage kernel_sweep "$SWEEP_TIMEOUT" "$LOG" \
-  "$PYTHON" -m bench.kernel_sweep "${QUICK[@]}" --out "$OUTDIR"
-stage ab_throughput "$AB_TIMEOUT" "$LOG" \
-  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" --out "$OUTDIR"
+  "$PYTHON" -m bench.kernel_sweep "${QUICK[@]}" --out "$WORK"
+stage host_overhead "$HOST_TIMEOUT" "$LOG" \
+  "$PYTHON" -m bench.host_overhead "${QUICK[@]}" --out "$WORK"
+stage ab_ncsl1 "$AB_TIMEOUT" "$LOG" \
+  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" "${AB_GRID[@]}" --needs-cpu-seq-lens 1 \
+  --out "$WORK"
+stage ab_ncsl0 "$AB_EXTRA_TIMEOUT" "$LOG" \
+  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" "${AB_GRID[@]}" --needs-cpu-seq-lens 0 \
+  --out "$WORK/ab_ncsl0"
+stage ab_barrier_free "$AB_EXTRA_TIMEOUT" "$LOG" \
+  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" "${AB_GRID[@]}" --algorithms DFLASH \
+  --force-barrier-free --needs-cpu-seq-lens 0 --out "$WORK/ab_barrier_free"
 
+tar -C "$WORK" -czf "$OUTDIR/results.tar.gz" . && rm -rf "$WORK"
 echo "total: ${SECONDS}s" | tee -a "$ENV_TXT"
 echo "files in $OUTDIR:"
 ls -1 "$OUTDIR"

@@ -12,6 +12,8 @@ on the real SGLang ``FutureMap`` class, in one process, providers interleaved:
                       bound launcher on CUDA; the plain-torch reference on a CPU server);
 * ``spec_fused-null`` patched, ``SPEC_FUSED_FORCE_BACKEND=null SPEC_FUSED_BENCH=1``: the
                       whole hot path with no device work, i.e. the wrapper alone;
+* ``spec_fused-jit`` (CUDA only): spec_fused with its direct launch turned off, every
+                      launch through ``kernel[grid]``: what the bound launcher saves;
 * ``floor-direct`` / ``floor-jit`` (CUDA only): one empty Triton launch through the bound
                       launcher / through ``kernel[grid]``: what any one-launch relay costs.
 
@@ -47,7 +49,8 @@ FULL_BATCHES = (1, 4, 16, 64, 256, 1024)
 QUICK_BATCHES = (1, 16, 256, 1024)
 POOL = 4096
 NULL_ENV = {"SPEC_FUSED_FORCE_BACKEND": "null", "SPEC_FUSED_BENCH": "1"}
-PROVIDER_ORDER = ("upstream", "spec_fused", "spec_fused-null", "floor-direct", "floor-jit")
+PROVIDER_ORDER = ("upstream", "spec_fused", "spec_fused-null", "spec_fused-jit", "floor-direct",
+                  "floor-jit")
 
 
 class Provider:
@@ -58,12 +61,14 @@ class Provider:
 
 
 def _relay_provider(name, algorithm, device, needs_cpu, idx, vals, *, fused, env=None,
-                    backend=None):
+                    backend=None, jit_only=False):
     fm, relay = common.make_future_map(algorithm, device, POOL, fused=fused, env=env,
                                        needs_cpu_seq_lens=needs_cpu)
     if backend is not None:
         relay.launcher.backend = backend
         relay._bind_launch()
+    if jit_only:  # the same relay, every launch through kernel[grid]
+        relay.launcher._fast.blocked = "bench: kernel[grid] on purpose"
     batch = common.decode_batch(idx)
     step = common.relay_step(fm, batch, idx, vals)
     exact = bool(needs_cpu) and (relay is None or relay.host_seq_lens == "exact")
@@ -112,6 +117,8 @@ def build_providers(algorithm, device, needs_cpu, batch, seed) -> list:
                         fused=True, env=NULL_ENV),
     ]
     if device.type == "cuda":
+        providers.append(_relay_provider("spec_fused-jit", algorithm, device, needs_cpu, idx,
+                                         vals, fused=True, jit_only=True))
         providers += _floor_providers(device)
     common.set_patched(False)
     return providers
@@ -167,6 +174,8 @@ def sweep(args, device) -> list:
             samples = measure_cell(providers, device, args.rounds, args.steps, args.warmup)
             up_med = common.median(samples["upstream"])
             up_best = min(samples["upstream"])
+            floor = samples.get("floor-direct")
+            floor_med = common.median(floor) if floor else None
             for name, times in samples.items():
                 med, best = common.median(times), min(times)
                 rows.append({
@@ -176,6 +185,7 @@ def sweep(args, device) -> list:
                     "host_us_p90": common.percentile(times, 90),
                     "ratio_to_upstream": med / up_med,
                     "ratio_to_upstream_best": best / up_best,
+                    "ratio_to_floor": None if floor_med is None else med / floor_med,
                     "rounds": len(times), "steps_per_round": args.steps,
                 })
             bar.update(1)
@@ -272,7 +282,10 @@ def summary(rows: list) -> list:
                     "worst_at": f"{worst['algorithm']} ncsl={worst['needs_cpu_seq_lens']} "
                                 f"bs={worst['batch']}",
                     "median_ratio": common.median(r["ratio_to_upstream"] for r in mine),
-                    "worst_ratio_best_of": max(r["ratio_to_upstream_best"] for r in mine)})
+                    "worst_ratio_best_of": max(r["ratio_to_upstream_best"] for r in mine),
+                    "worst_ratio_to_floor": max((r["ratio_to_floor"] for r in mine
+                                                 if r["ratio_to_floor"] is not None),
+                                                default=None)})
     return out
 
 
@@ -348,7 +361,8 @@ def main(argv=None) -> dict:
     print(common.format_table(rows, TABLE_COLUMNS))
     print()
     print(common.format_table(payload["summary"], ("provider", "worst_ratio", "worst_at",
-                                                   "median_ratio", "worst_ratio_best_of")))
+                                                   "median_ratio", "worst_ratio_best_of",
+                                                   "worst_ratio_to_floor")))
     print()
     print(common.format_table(forms, ("form", "ns_per_call", "ns_over_unpatched")))
     png = None

@@ -231,7 +231,9 @@ def plot(rows: list, path, device: torch.device) -> None:
     import matplotlib.pyplot as plt
 
     pools = sorted({r["pool"] for r in rows})
-    metrics = ["device_us", "host_us"] if device.type == "cuda" else ["host_us"]
+    # On CPU the microseconds are the Triton interpreter's and mean nothing: plot the
+    # counts, which are the CPU result. (Host cost on CPU: bench/host_overhead.py.)
+    metrics = ["device_us", "host_us"] if device.type == "cuda" else ["launches", "d2h_bytes"]
     fig, axes = plt.subplots(len(metrics), len(pools), squeeze=False,
                              figsize=(6.5 * len(pools), 4.5 * len(metrics)))
     for i, metric in enumerate(metrics):
@@ -243,11 +245,12 @@ def plot(rows: list, path, device: torch.device) -> None:
                 if pts:
                     series[provider] = tuple(zip(*pts))
             title = f"{metric} per relay step, pool={pool}"
+            unit = "µs" if metric.endswith("_us") else "per step"
             if device.type != "cuda":
-                title += ("\nCPU, TRITON_INTERPRET=1: interpreter timings are NOT speed "
-                          "(read the counts)")
+                title += "\nCPU: counts (interpreter timings are not speed and not shown)"
             common.plot_lines(series, path, title=title, xlabel="batch size",
-                              ylabel=f"{metric} (µs)", ax=axes[i][j])
+                              ylabel=f"{metric} ({unit})", ax=axes[i][j],
+                              logy=metric != "launches")
     fig.suptitle(f"spec_fused kernel sweep on {common.device_name(device)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

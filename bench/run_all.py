@@ -1,4 +1,5 @@
-"""Run every benchmark of spec_fused: the kernel sweep, then the overlap-loop A/B replay.
+"""Run every benchmark of spec_fused: the kernel sweep, the host-cost sweep, then the
+overlap-loop A/B replay.
 
 Why one entry point: the README's benchmark command must be one line that works on a
 laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size):
@@ -7,7 +8,7 @@ laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size
     python -m bench.run_all --out /tmp/h200                # CUDA
 
 Results go to ``bench/results/<device>/`` (or ``--out DIR``): ``kernel_sweep.json/.png``,
-``ab_throughput.json/.md/.png``. The real-server A/B (weights + GPU) is
+``host_overhead.json/.png``, ``ab_throughput.json/.md/.png``. The real-server A/B (weights + GPU) is
 ``bench/ab_server.sh``.
 """
 
@@ -24,7 +25,8 @@ def parse_args(argv=None):
         prog="python -m bench.run_all",
         description="kernel_sweep, then ab_throughput; prints where the results went.")
     common.add_common_args(parser)
-    parser.add_argument("--skip", nargs="+", choices=("kernel_sweep", "ab_throughput"),
+    parser.add_argument("--skip", nargs="+",
+                        choices=("kernel_sweep", "host_overhead", "ab_throughput"),
                         default=[], help="benchmarks to leave out")
     return parser.parse_args(argv)
 
@@ -34,10 +36,11 @@ def main(argv=None) -> dict:
     passthrough = [*(["--quick"] if args.quick else []),
                    *(["--out", args.out] if args.out else []),
                    *(["--no-plot"] if args.no_plot else [])]
-    from bench import ab_throughput, kernel_sweep
+    from bench import ab_throughput, host_overhead, kernel_sweep
 
     done, walls = {}, {}
-    for name, module in (("kernel_sweep", kernel_sweep), ("ab_throughput", ab_throughput)):
+    for name, module in (("kernel_sweep", kernel_sweep), ("host_overhead", host_overhead),
+                         ("ab_throughput", ab_throughput)):
         if name in args.skip:
             continue
         print(f"\n=== {name} {' '.join(passthrough)}", flush=True)

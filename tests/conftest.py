@@ -32,15 +32,18 @@ class LaunchCounter:
 
     def __init__(self):
         self.count = 0
+        self.direct = 0  # of which through the bound direct launch
 
     def reset(self):
-        self.count = 0
+        self.count = self.direct = 0
         return self
 
 
 @pytest.fixture
 def kernel_launches(monkeypatch):
-    """Counts real launches of the fused Triton kernel (compiled or interpreted)."""
+    """Counts real launches of the fused Triton kernel (compiled or interpreted), through
+    ``kernel[grid]`` and through the bound direct launch alike."""
+    from spec_fused.kernels import launcher as launcher_mod
     from spec_fused.kernels import publish_gather as pg
 
     counter = LaunchCounter()
@@ -52,6 +55,23 @@ def kernel_launches(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(kernel, "run", run)
+    real_bind = launcher_mod.bind
+
+    def bind(compiled, n_args):
+        bound, why = real_bind(compiled, n_args)
+        if bound is None:
+            return bound, why
+        direct = bound.run
+
+        def counted(*args):
+            counter.count += 1
+            counter.direct += 1
+            return direct(*args)
+
+        return launcher_mod.BoundKernel(counted, bound.function, bound.metadata,
+                                        bound.n_args), why
+
+    monkeypatch.setattr(launcher_mod, "bind", bind)
     return counter
 
 

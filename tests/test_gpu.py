@@ -104,6 +104,57 @@ def test_poison_on_gpu_is_reported_after_a_sync():
     assert info.value.slot == 2
 
 
+def test_bound_direct_launch_matches_the_reference_one_launch_per_step(kernel_launches):
+    """The relay's lean path on compiled Triton: after the first (checked) step of each
+    dtype combination every launch goes straight through the bound compiled kernel, and
+    every result equals the reference."""
+    g = torch.Generator().manual_seed(5)
+    for pool, n, m, host, vdtype in [(4096, 1, 1, False, torch.int64),
+                                     (4096, 256, 256, True, torch.int32),
+                                     (65536, 1024, 1100, True, torch.int64),
+                                     (4096, 3000, 0, False, torch.int64)]:
+        buf = torch.randint(0, 1 << 40, (pool,), generator=g)
+        ref = buf.clone()
+        pg = PublishGather(buf.to(DEV))
+        kernel_launches.reset()
+        steps = 6
+        for step in range(steps):
+            slots = torch.randperm(pool, generator=g)
+            pub = slots[:m]
+            vals = torch.randint(0, 1 << 30, (m,), generator=g, dtype=vdtype)
+            gat = torch.randint(0, pool, (n,), generator=g)
+            want = publish_gather_reference(ref, gat, pub if m else None, vals if m else None)
+            out = pg.launch(gat.to(DEV), pub.to(DEV) if m else None,
+                            vals.to(DEV) if m else None, host)
+            torch.cuda.synchronize()
+            assert torch.equal(out.cpu(), want.seq_lens), (pool, n, m, step)
+            if host:
+                lens, total = pg.read_row(pg.stamp, n)
+                assert torch.equal(lens, want.seq_lens) and total == int(want.seq_lens_sum)
+        assert torch.equal(pg.buf.cpu(), ref)
+        assert pg._fast is not None and pg._fast.blocked is None, pg._fast.blocked
+        assert kernel_launches.count == steps and kernel_launches.direct == steps - 1
+
+
+def test_bound_launch_under_a_launch_hook_takes_the_normal_path(kernel_launches):
+    from triton import knobs
+
+    pg = PublishGather(torch.zeros(64, dtype=torch.int64, device=DEV))
+    idx = torch.tensor([1, 2], device=DEV)
+    pg.launch(idx, idx, idx + 1, False)
+    seen = []
+    hook = lambda *a, **k: seen.append(1)  # noqa: E731 - as a profiler's
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        kernel_launches.reset()
+        out = pg.launch(idx, idx, idx + 2, False)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert out.cpu().tolist() == [3, 4] and seen and kernel_launches.direct == 0
+    pg.launch(idx, idx, idx + 3, False)
+    assert kernel_launches.direct == 1
+
+
 # ----------------------------------------------------------------------- real FutureMap, streams
 
 
@@ -185,7 +236,9 @@ def test_patched_future_map_on_real_streams_matches_upstream(monkeypatch, algo, 
     try:
         fm = _future_map(algo, 512, monkeypatch, env)
         got = _overlap_loop(fm, barrier=barrier)
-        assert relay_mod.relay_for(fm).launcher.backend == "triton"  # no silent fallback
+        launcher = relay_mod.relay_for(fm).launcher
+        assert launcher.backend == "triton"  # no silent fallback
+        assert launcher._fast.blocked is None  # and the direct launch in use
     finally:
         sglang_patch.remove()
     for step, ((gd, gh), (wd, wh)) in enumerate(zip(got, want, strict=True)):
