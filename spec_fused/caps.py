@@ -211,12 +211,25 @@ def _module_source(module: str) -> Optional[str]:
         return None
 
 
+# The draft input's KV-allocation bound, by the name each release gives it:
+# ``reserved_seq_lens_cpu`` in 0.5.15 ... 0.5.18, ``nxt_kv_lens_cpu`` from 0.5.19 on.
+_DFLASH_BOUND_FIELDS = ("nxt_kv_lens_cpu", "reserved_seq_lens_cpu")
+
+
 def _dflash_plans_with_reserved_bound() -> bool:
-    # 0.5.23: ``... if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu``
+    # Every release 0.5.15 ... 0.5.23 has both fallbacks, in the draft plan and in verify:
+    #   if batch.seq_lens_cpu is not None: ...
+    #   elif draft_input.<bound> is not None:  # "GPU-only backend: reserved is a safe
+    #       seq_lens_cpu.copy_(draft_input.<bound>)   over-estimate"
+    # (0.5.22+ also plans KV locations from ``... else draft_input.nxt_kv_lens_cpu``).
     worker = _module_source("sglang.srt.speculative.dflash_worker_v2") or ""
     info = _module_source("sglang.srt.speculative.dflash_info_v2") or ""
-    return ("nxt_kv_lens_cpu:" in info and "else draft_input.nxt_kv_lens_cpu" in worker
-            and "batch.seq_lens_cpu is not None" in worker)
+    if "batch.seq_lens_cpu is not None" not in worker:
+        return False
+    return any(f"{field}: Optional" in info
+               and worker.count(f"elif draft_input.{field} is not None") >= 2
+               and f"seq_lens_cpu.copy_(draft_input.{field})" in worker
+               for field in _DFLASH_BOUND_FIELDS)
 
 
 def _dflash_fences_own_shared_writes() -> bool:

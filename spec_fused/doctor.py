@@ -193,6 +193,20 @@ def _check_supported() -> tuple[bool, str]:
     return True, f"SGLang {version} is supported"
 
 
+def _tested_check() -> dict:
+    """Whether the installed SGLang is one of the releases the compat tier tests. It does
+    not decide ``would_load``: a newer patch release loads with a warning, and
+    ``sglang_supported`` says so."""
+    from spec_fused.releases import TESTED_RELEASES, support_status
+
+    installed = _dist_version("sglang")
+    if installed is None:
+        return _check("sglang_tested", False, "SGLang is not installed")
+    status = support_status(installed)
+    listed = f"tested: {', '.join(TESTED_RELEASES)}"
+    return _check("sglang_tested", status.kind == "tested", f"{status.message} ({listed})")
+
+
 def plugin_status(env: Optional[Mapping[str, str]] = None) -> dict:
     """Would SGLang's ``load_plugins()`` load spec_fused and would it patch anything?
 
@@ -260,8 +274,11 @@ def plugin_status(env: Optional[Mapping[str, str]] = None) -> dict:
 
     ok, reason = _check_supported()
     checks.append(_check("sglang_supported", ok, reason))
+    checks.append(_safely(_tested_check, lambda exc: _check(
+        "sglang_tested", False, f"cannot tell ({_error(exc)})")))
 
-    reasons = [c["reason"] for c in checks if not c["ok"]]
+    # sglang_tested informs; whether an untested release loads is sglang_supported's call.
+    reasons = [c["reason"] for c in checks if not c["ok"] and c["check"] != "sglang_tested"]
     return {
         "installed": bool(checks[0]["ok"]),
         "would_load": not reasons,

@@ -98,6 +98,8 @@ def test_json_has_every_section():
     plugin = report["plugin"]
     assert set(plugin) >= {"installed", "would_load", "reasons"}
     assert all(set(c) == {"check", "ok", "reason"} and c["reason"] for c in plugin["checks"])
+    tested = [c for c in plugin["checks"] if c["check"] == "sglang_tested"]
+    assert len(tested) == 1 and "tested: 0.5.15" in tested[0]["reason"]
     assert "cpu" in report["backends"]
     for info in report["backends"].values():
         assert info["backend"] in ("triton", "interpreter", "reference")

@@ -3,6 +3,7 @@
 import importlib
 import importlib.util
 import logging
+import re
 import sys
 import textwrap
 from importlib.metadata import entry_points
@@ -183,23 +184,46 @@ def test_unrecognised_api_is_refused_naming_version_and_attribute(name, monkeypa
     assert {k: v for k, v in vars(fake).items()} == before
 
 
-@pytest.mark.parametrize("version, allowed", [
-    ("0.5.14", False), ("0.5.15", True), ("0.5.23", True), ("0.6.0", False), ("garbage", False)])
-def test_versions_outside_the_supported_range_are_refused(monkeypatch, version, allowed):
+@pytest.mark.parametrize("version, kind", [
+    ("0.5.14", "older"), ("0.5.15", "tested"), ("0.5.15.post1", "tested"),
+    ("0.5.19", "tested"), ("0.5.23", "tested"), ("0.5.23+cu130", "tested"),
+    ("0.5.24", "newer"), ("0.5.23.post1", "newer"), ("0.5.30rc1", "newer"),
+    ("0.5.19.post1", "untested"), ("0.6.0", "untested"), ("1.0.0", "untested"),
+    ("0.4.10", "older"), ("garbage", "unknown"), ("", "unknown")])
+def test_the_supported_releases_are_the_tested_list(monkeypatch, version, kind):
+    from spec_fused.releases import TESTED_RELEASES, support_status
+
+    assert support_status(version).kind == kind
     monkeypatch.setattr(sglang_patch, "_sglang_version", lambda: version)
-    if allowed:
+    if kind in ("tested", "newer"):
         assert sglang_patch.check_supported() == version
     else:
-        with pytest.raises(UnsupportedSGLangError, match=version):
+        with pytest.raises(UnsupportedSGLangError, match=re.escape(version) if version else "not"):
             sglang_patch.check_supported()
+    assert TESTED_RELEASES[0] == "0.5.15" and TESTED_RELEASES[-1] == "0.5.23"
 
 
-def test_newer_version_can_be_allowed_explicitly(monkeypatch):
+def test_a_newer_patch_release_runs_with_one_warning(monkeypatch, caplog):
     monkeypatch.setattr(sglang_patch, "_sglang_version", lambda: "0.5.24")
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        sglang_patch.register()
+    assert sglang_patch.is_applied()
+    lines = [r.getMessage() for r in caplog.records if r.name == "spec_fused"]
+    assert lines == ["spec_fused: SGLang 0.5.24 is not tested (newest tested: 0.5.23); "
+                     "running because the API probe passed"]
+
+
+def test_untested_releases_can_be_allowed_explicitly(monkeypatch):
+    monkeypatch.setattr(sglang_patch, "_sglang_version", lambda: "0.6.0")
     with pytest.raises(UnsupportedSGLangError, match="SPEC_FUSED_ALLOW_UNTESTED"):
         sglang_patch.check_supported()
     monkeypatch.setenv("SPEC_FUSED_ALLOW_UNTESTED", "1")
-    assert sglang_patch.check_supported() == "0.5.24"
+    assert sglang_patch.check_supported() == "0.6.0"
+    report = sglang_patch.apply()
+    assert report.applied and "SPEC_FUSED_ALLOW_UNTESTED=1" in report.warning
+    monkeypatch.setattr(sglang_patch, "_sglang_version", lambda: "0.5.14")
+    with pytest.raises(UnsupportedSGLangError, match="older"):  # never below the range
+        sglang_patch.check_supported()
 
 
 def test_register_never_raises_on_unexpected_errors(monkeypatch, caplog):

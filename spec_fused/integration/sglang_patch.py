@@ -29,6 +29,7 @@ from typing import Optional
 from spec_fused import relay as _relay
 from spec_fused.caps import caps_for, establish
 from spec_fused.integration.hooks import PatchSet
+from spec_fused.releases import TESTED_RELEASES, support_status
 
 logger = logging.getLogger("spec_fused")
 
@@ -37,8 +38,6 @@ ENV_DISABLE = "SPEC_FUSED_DISABLE"
 ENV_ALLOW_UNTESTED = "SPEC_FUSED_ALLOW_UNTESTED"
 OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
 SCHEDULER = "sglang.srt.managers.scheduler"
-# FutureMap/Scheduler relay API: shared-path since 0.5.15 (PR #29232), checked up to 0.5.23.
-SUPPORTED_VERSIONS = ((0, 5, 15), (0, 5, 23))
 
 __all__ = ["PatchReport", "UnsupportedSGLangError", "apply", "check_supported", "disabled_by",
            "is_applied", "register", "remove"]
@@ -55,6 +54,7 @@ class PatchReport:
     patched: list = field(default_factory=list)
     deferred: list = field(default_factory=list)  # patched when their module is imported
     reason: str = ""
+    warning: str = ""  # set when the SGLang release is not a tested one
 
 
 _patches: Optional[PatchSet] = None
@@ -66,16 +66,6 @@ def disabled_by(env=None) -> Optional[str]:
     Unset, "", "0", "false", "no" and "off" leave it on; any other value turns it off."""
     raw = (os.environ if env is None else env).get(ENV_DISABLE, "")
     return None if raw.strip().lower() in ("", "0", "false", "no", "off") else raw
-
-
-def _parse_version(text: str) -> tuple:
-    parts = []
-    for piece in text.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
 
 
 def _sglang_version() -> Optional[str]:
@@ -111,23 +101,26 @@ def _require_params(version, owner, name, params):
 
 
 def _range_text() -> str:
-    lo, hi = SUPPORTED_VERSIONS
-    return f"{'.'.join(map(str, lo))} to {'.'.join(map(str, hi))}"
+    return f"{TESTED_RELEASES[0]} to {TESTED_RELEASES[-1]}"
 
 
 def check_supported(overlap_utils=None) -> str:
     """Return the SGLang version if spec_fused can patch it, else raise
-    :class:`UnsupportedSGLangError` naming the version and what is missing."""
+    :class:`UnsupportedSGLangError` naming the version and what is missing.
+
+    The version must be a tested release (:mod:`spec_fused.releases`), or a newer patch
+    release of the newest tested one (which :func:`apply` runs with a one-line warning),
+    or - with ``SPEC_FUSED_ALLOW_UNTESTED=1`` - any other release from the oldest tested
+    one on. Whatever the version, the API probe below (the parameters and attributes the
+    patch touches) must pass."""
     version = _sglang_version()
     if version is None:
         raise UnsupportedSGLangError("SGLang is not installed")
-    parsed = _parse_version(version)
-    lo, hi = SUPPORTED_VERSIONS
-    if len(parsed) < 3 or not lo <= parsed <= hi:
-        if not (len(parsed) == 3 and parsed > hi and os.environ.get(ENV_ALLOW_UNTESTED) == "1"):
-            raise UnsupportedSGLangError(
-                f"SGLang {version} is outside the versions spec_fused supports "
-                f"({_range_text()}); set {ENV_ALLOW_UNTESTED}=1 to try a newer one")
+    status = support_status(version)
+    if not status.runs_by_default:
+        allowed = status.kind == "untested" and os.environ.get(ENV_ALLOW_UNTESTED) == "1"
+        if not allowed:
+            raise UnsupportedSGLangError(status.message)
     if overlap_utils is None:
         try:
             import importlib
@@ -359,6 +352,12 @@ def apply() -> PatchReport:
         patches.undo()
         raise
     _patches, _report = patches, report
+    status = support_status(version)
+    if status.kind != "tested":
+        report.warning = status.message if status.kind == "newer" else \
+            f"{status.message.split(';')[0]}; running because {ENV_ALLOW_UNTESTED}=1 and " \
+            f"the API probe passed"
+        logger.warning("spec_fused: %s", report.warning)
     logger.info("spec_fused: patched SGLang %s (%s)", version, ", ".join(report.patched))
     return report
 
