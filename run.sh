@@ -3,8 +3,8 @@
 #   ./run.sh bench [args]   set up, then run the benchmarks (quick sweep on a CPU machine)
 #   ./run.sh test [--fast]  set up, then run the tests: the light tier (kernels under the
 #                           Triton interpreter, the real SGLang 0.5.23 FutureMap) and, unless
-#                           --fast, the scheduler tier against SGLang's real Scheduler and
-#                           the compat tier against SGLang 0.5.15's FutureMap.
+#                           --fast, the compat tier: every supported SGLang release
+#                           (spec_fused/releases.py), its FutureMap and its real Scheduler.
 set -euo pipefail
 cd "$(dirname "$0")"
 cmd="${1:-}"; shift || true
@@ -30,15 +30,11 @@ case "$cmd" in
       exec .venv/bin/python -m pytest -q -m "not scheduler and not gpu" tests "$@"
     fi
     export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-full}"
-    echo "== light tier (.venv)"
+    echo "== light tier (.venv, SGLang 0.5.23)"
     .venv/bin/python -m pytest -q -m "not scheduler and not gpu" tests "$@"
-    echo "== scheduler tier (.venv-sched)"
+    echo "== compat tier: every supported SGLang release, light + scheduler (.venv, .venv-sched)"
     bash scripts/setup_scheduler_tier.sh
-    .venv-sched/bin/python -m pytest -q -m scheduler tests "$@"
-    echo "== compat tier: SGLang 0.5.15's FutureMap (.venv-sched + overlay)"
-    PYTHONPATH="$PWD/.venv-sched/sglang-0.5.15" .venv-sched/bin/python -m pytest -q \
-      -p no:cacheprovider tests/test_trace_equivalence.py tests/test_host_mirror.py \
-      tests/test_fallbacks.py tests/test_fuzz.py tests/test_compat.py "$@"
+    SPEC_FUSED_HYPOTHESIS_PROFILE=compat .venv/bin/python scripts/compat_tier.py
     ;;
   *)
     echo "usage: ./run.sh bench [--quick|--full ...] | ./run.sh test [--fast]" >&2

@@ -24,11 +24,12 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "setup: scheduler tier (${TORCH_PAIR[*]}, sglang==$SGLANG_VERSION and its import deps)" >&2
 "${PIP[@]}" install "${TORCH_PAIR[@]}"
+# transformers, tokenizers and xgrammar at SGLang 0.5.23's own pins (its METADATA), so the
+# scheduler import does not drift with whatever PyPI serves; the compat tier overlays an
+# older release's pins where they differ (scripts/compat_tier.py).
 "${PIP[@]}" install -e ".[test,sglang-light]" huggingface_hub setproctitle \
-  "apache-tvm-ffi==0.1.11" transformers dill sentencepiece "compressed-tensors==0.18.0" gguf \
-  openai partial_json_parser einops uvicorn fastapi
+  "apache-tvm-ffi==0.1.11" "transformers==5.19.0" "tokenizers==0.23.2" "xgrammar==0.2.7" \
+  httpx dill sentencepiece "compressed-tensors==0.18.0" gguf openai partial_json_parser \
+  einops uvicorn fastapi
 "${PIP[@]}" install --no-deps "sglang==$SGLANG_VERSION"
-# The oldest SGLang with the shared relay (0.5.15), as an overlay the compat tier puts
-# first on PYTHONPATH: the FutureMap tests run against it too.
-"${PIP[@]}" install --no-deps --upgrade --target "$VENV/sglang-0.5.15" "sglang==0.5.15"
 echo "$want" > "$stamp"

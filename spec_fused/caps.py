@@ -35,6 +35,7 @@ __all__ = [
     "caps_for",
     "describe",
     "establish",
+    "installed_algorithms",
     "known_algorithms",
     "register_caps",
     "select_variant",
@@ -67,7 +68,8 @@ _TABLE: dict[str, SpecCaps] = {
     # barrier stays and only the host-length half applies).
     "DFLASH": SpecCaps(
         False, "reserved",
-        "plans verify/draft KV from its reserved allocation (nxt_kv_lens_cpu) when "
+        "plans verify/draft KV from its reserved allocation (nxt_kv_lens_cpu; "
+        "reserved_seq_lens_cpu up to 0.5.18) when "
         "seq_lens_cpu is None (dflash_worker_v2.py); exempt from the WAR barrier before "
         "PR #29232"),
     # DSPARK reuses DFlashDraftInputV2's bound when seq_lens_cpu is None, but its compact
@@ -105,14 +107,20 @@ def algorithm_name(algorithm) -> str:
     raise TypeError(f"cannot name speculative algorithm {algorithm!r}")
 
 
-def known_algorithms() -> list[str]:
-    names = dict.fromkeys(_TABLE)
-    try:  # every member of the installed SGLang, so a new member is visible (and refused)
+def installed_algorithms() -> Optional[list[str]]:
+    """The installed SGLang's ``SpeculativeAlgorithm`` members, or None without SGLang."""
+    try:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        names.update(dict.fromkeys(m.name for m in SpeculativeAlgorithm))
+        return [m.name for m in SpeculativeAlgorithm]
     except Exception:
-        pass
+        return None
+
+
+def known_algorithms() -> list[str]:
+    names = dict.fromkeys(_TABLE)
+    # every member of the installed SGLang, so a new member is visible (and refused)
+    names.update(dict.fromkeys(installed_algorithms() or ()))
     names.update(dict.fromkeys(_REGISTERED))
     return list(names)
 
@@ -296,15 +304,19 @@ def describe(env: Optional[Mapping[str, str]] = None) -> list[dict]:
     """The capability table, as declared and as established against the installed SGLang,
     with the chosen variant for every known algorithm (``spec-fused doctor``)."""
     rows = []
+    installed = installed_algorithms()
     for name in known_algorithms():
+        in_sglang = installed is None or name in installed or name in _REGISTERED
         try:
             declared = caps_for(name, env=env)
         except (KeyError, ValueError) as exc:
-            rows.append({"algorithm": name, "error": str(exc).strip('"')})
+            rows.append({"algorithm": name, "error": str(exc).strip('"'),
+                         "in_sglang": in_sglang})
             continue
         caps = establish(declared, name)
+        reason = caps.reason if in_sglang else f"not in the installed SGLang; {caps.reason}"
         rows.append({"algorithm": name, "needs_war_barrier": caps.needs_war_barrier,
                      "host_seq_lens": caps.host_seq_lens, "variant": select_variant(caps),
                      "declared": f"{declared.needs_war_barrier}/{declared.host_seq_lens}",
-                     "reason": caps.reason})
+                     "reason": reason, "in_sglang": in_sglang})
     return rows

@@ -47,8 +47,14 @@ def parse(version: str) -> Optional[tuple]:
     if match is None:
         return None
     major, minor, micro, pre_kind, pre_n, post, dev = match.groups()
-    # pre-releases sort before the release, post-releases after, dev before either.
-    pre = (-1, {"a": 0, "b": 1, "rc": 2}[pre_kind], int(pre_n)) if pre_kind else (0, 0, 0)
+    # PEP 440 order: X.devN < X.aN < X.bN < X.rcN < X < X.postN; a dev release sorts
+    # just before the release it is a dev release of (X.rc1.dev2 < X.rc1).
+    if pre_kind:
+        pre = (-1, {"a": 0, "b": 1, "rc": 2}[pre_kind], int(pre_n))
+    elif dev is not None and post is None:
+        pre = (-2, 0, 0)
+    else:
+        pre = (0, 0, 0)
     return (int(major), int(minor), int(micro), pre, int(post) if post else -1,
             int(dev) if dev is not None else float("inf"))
 

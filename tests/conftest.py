@@ -24,6 +24,10 @@ settings.register_profile(
 settings.register_profile(
     "full", max_examples=300, deadline=None, derandomize=True,
     suppress_health_check=list(HealthCheck))
+# The compat tier's profile: the same properties on every release, a few cases each.
+settings.register_profile(
+    "compat", max_examples=8, deadline=None, derandomize=True,
+    suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("SPEC_FUSED_HYPOTHESIS_PROFILE", "fast"))
 
 

@@ -1,18 +1,129 @@
-"""Which SGLang is under test: the compat tier runs the FutureMap tests against 0.5.15."""
+"""The installed SGLang release, held to what its source says (tests/compat/expectations.py).
+
+The compat tier (``scripts/compat_tier.py``) runs this file, the trace-equivalence tests
+and the relay's other FutureMap tests once per tested release, each release installed as
+an overlay on ``PYTHONPATH``; the everyday tier runs it against the one in ``.venv``. It
+checks the API probe and an exact apply/remove, the FutureMap features the relay adapts
+to, and the capabilities ``caps.establish()`` derives from the release's own worker
+source against the table written by reading that source.
+"""
+
+import importlib.util
+import inspect
+import logging
 
 import pytest
 
+from compat.expectations import RELEASES
+from spec_fused import caps
 from spec_fused.integration import sglang_patch
+from spec_fused.releases import TESTED_RELEASES, support_status
 
-pytest.importorskip("sglang.srt.managers.overlap_utils")
+VERSION = sglang_patch._sglang_version()
+STATUS = support_status(VERSION) if VERSION else None
+IN_RANGE = STATUS is not None and STATUS.runs_by_default
+
+in_range = pytest.mark.skipif(not IN_RANGE, reason=f"SGLang {VERSION} is not in the range")
 
 
-def test_installed_sglang_is_supported_and_patches():
-    version = sglang_patch.check_supported()
+def test_the_installed_release_is_tested_or_refused():
+    print(f"SGLang under test: {VERSION}")
+    assert VERSION is not None
+    if STATUS.kind == "tested":
+        assert VERSION in TESTED_RELEASES and VERSION in RELEASES
+    elif STATUS.kind == "newer":
+        pass  # a release newer than the list: it runs with a warning (see below)
+    else:
+        assert STATUS.kind == "older", STATUS.message
+
+
+@pytest.mark.skipif(IN_RANGE, reason="only a release below the range is refused")
+def test_a_release_below_the_range_is_refused_cleanly(caplog):
+    """0.5.14 (DFLASH's direct carry, before the shared relay): apply() refuses before
+    importing anything, register() says so in one line, SGLang runs as shipped."""
+    with pytest.raises(sglang_patch.UnsupportedSGLangError, match="older"):
+        sglang_patch.apply()
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        sglang_patch.register()
+    lines = [r.getMessage() for r in caplog.records if r.name == "spec_fused"]
+    assert len(lines) == 1 and "not loaded" in lines[0] and VERSION in lines[0]
+    assert not sglang_patch.is_applied()
+
+
+PATCHED = ("publish", "resolve_seq_lens_cpu", "resolve_mixed_spec_tails", "new_seq_lens_buf")
+
+
+@in_range
+def test_api_probe_then_apply_and_remove_exactly():
+    from sglang.srt.managers.overlap_utils import FutureMap
+
+    before = {n: FutureMap.__dict__.get(n, "<absent>") for n in PATCHED}
+    assert sglang_patch.check_supported() == VERSION
     report = sglang_patch.apply()
     try:
-        assert report.applied and report.sglang_version == version
-        assert any(t.endswith("FutureMap.publish") for t in report.patched)
+        assert report.applied and report.sglang_version == VERSION
+        assert bool(report.warning) == (STATUS.kind != "tested")
+        for name in PATCHED:
+            if before[name] == "<absent>" and name == "resolve_mixed_spec_tails":
+                assert name not in FutureMap.__dict__  # 0.5.15 ... 0.5.18 have none
+            else:
+                assert FutureMap.__dict__[name] is not before[name], name
+        assert sglang_patch.apply() is report  # idempotent
     finally:
         sglang_patch.remove()
-    print(f"SGLang under test: {version}")
+    assert {n: FutureMap.__dict__.get(n, "<absent>") for n in PATCHED} == before
+
+
+def _expected():
+    if VERSION not in RELEASES:
+        pytest.skip(f"no expectation table for SGLang {VERSION} (not a tested release)")
+    return RELEASES[VERSION]
+
+
+@in_range
+def test_future_map_features_are_the_releases():
+    from sglang.srt.managers import overlap_utils
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    want = _expected()
+    fm = overlap_utils.FutureMap
+    assert tuple(m.name for m in SpeculativeAlgorithm) == want.algorithms
+    assert ("_publish_fresh" in inspect.getsource(fm.__init__)) == want.consume_once
+    assert ("confidence" in inspect.signature(fm.publish).parameters) == want.confidence
+    assert ("resolve_mixed_spec_tails" in fm.__dict__) == want.mixed_tails
+    assert ("stream_ordered" in inspect.signature(fm.resolve_seq_lens_cpu).parameters) == \
+        want.stream_ordered
+    assert hasattr(overlap_utils, "FutureRelayBuffers") == want.relay_buffers
+
+
+@in_range
+def test_established_caps_are_the_releases():
+    """What ``establish()`` derives from this release's worker source, per algorithm it
+    has: DFLASH plans with its bound (by this release's field name) and does not fence its
+    own writes, so it keeps the barrier; everyone else keeps upstream's exact lengths."""
+    want = _expected()
+    assert caps.plans_with_reserved_bound("DFLASH")
+    assert not caps.fences_own_shared_writes("DFLASH")
+    info = caps._module_source("sglang.srt.speculative.dflash_info_v2")
+    assert f"{want.dflash_bound_field}: Optional" in info
+    rows = {r["algorithm"]: r for r in caps.describe(env={})}
+    for algorithm in want.algorithms:
+        row = rows[algorithm]
+        assert "error" not in row, row
+        got = (row["needs_war_barrier"], row["host_seq_lens"], row["variant"])
+        assert got == want.caps(algorithm), (algorithm, got, row["reason"])
+
+
+@in_range
+def test_fa3_needs_host_lengths_as_the_release_says():
+    """Read, not imported (the backend pulls GPU kernels): which algorithms FA3, Hopper's
+    default for DFLASH and top-k-1 EAGLE, makes pay the host mirror upstream."""
+    spec = importlib.util.find_spec("sglang.srt.layers.attention.flashattention_backend")
+    src = open(spec.origin, encoding="utf-8").read()
+    want = _expected().fa3_needs_cpu_seq_lens
+    if want == "not DFLASH":
+        assert "self.needs_cpu_seq_lens = not SpeculativeAlgorithm.from_string(" in src
+    else:
+        assert "needs_cpu_seq_lens: bool = False" in src
+        kv_shard = "self.needs_cpu_seq_lens = self._kv_shard_pool is not None" in src
+        assert kv_shard == (want == "KV-shard pool only")

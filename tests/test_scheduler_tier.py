@@ -42,8 +42,13 @@ def _scheduler(algo, *, worker=None, needs_cpu_seq_lens=True):
     sched.spec_algorithm = algo
     sched.draft_worker = worker if worker is not None else types.SimpleNamespace()
     sched.future_map = make_future_map(algo, TraceConfig(), needs_cpu_seq_lens=needs_cpu_seq_lens)
-    runner = types.SimpleNamespace(shared_read_done_event="read-done")
-    sched.model_worker = types.SimpleNamespace(last_shared_read_runner=runner)
+    # The forward's read-done event under both names SGLang gave it: 0.5.15 ... 0.5.17
+    # ``war_fastpath_runner.war_fastpath_read_done_event``, 0.5.18+
+    # ``last_shared_read_runner.shared_read_done_event``.
+    runner = types.SimpleNamespace(shared_read_done_event="read-done",
+                                   war_fastpath_read_done_event="read-done")
+    sched.model_worker = types.SimpleNamespace(last_shared_read_runner=runner,
+                                               war_fastpath_runner=runner)
     sched.schedule_stream = StreamLog()
     sched.forward_stream = "forward"
     return sched
@@ -113,7 +118,8 @@ def test_worker_declaring_its_own_caps_is_trusted(patched_scheduler):
 
 def test_coarse_fallback_still_works_when_barrier_kept(patched_scheduler):
     sched = _scheduler(SpeculativeAlgorithm.EAGLE)
-    sched.model_worker.last_shared_read_runner.shared_read_done_event = None
+    runner = sched.model_worker.last_shared_read_runner
+    runner.shared_read_done_event = runner.war_fastpath_read_done_event = None
     _platform_gate(sched)
     sched._apply_war_barrier()
     assert sched.schedule_stream.calls == [("wait_stream", "forward")]

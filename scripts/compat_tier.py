@@ -1,0 +1,346 @@
+"""The compat tier: spec_fused tested against every SGLang release it supports.
+
+Why: "supported" must be tested, not assumed. SGLang ships every week or two and the code
+the relay touches (``overlap_utils.py``, ``scheduler.py``, the DFLASH worker, the
+attention backends' ``needs_cpu_seq_lens``) moves between releases. For each release in
+:data:`spec_fused.releases.TESTED_RELEASES` (plus 0.5.14, which must be refused, and any
+newer release the package index serves, which must run or be refused cleanly) this:
+
+1. installs that SGLang wheel without dependencies into its own overlay
+   (``.compat/sglang-X``), one download per release (pip's cache keeps it for reruns);
+2. runs, in the light environment (``.venv``: CPU torch, the Triton interpreter) with the
+   overlay first on ``PYTHONPATH``: ``tests/test_compat.py`` (API probe, exact
+   apply/remove, the release's FutureMap features and established capabilities against
+   ``tests/compat/expectations.py``), the trace-equivalence tests, and the relay's other
+   FutureMap tests (host mirror, hot path, fallbacks), with a few hypothesis cases each;
+3. runs the Scheduler tests in the heavy environment (``.venv-sched``) with the same
+   overlay, plus the release's own pins of transformers, tokenizers and xgrammar where
+   they differ from the environment's (another small overlay); where the release's
+   scheduler still does not import on a CPU the row says why;
+4. writes ``tests/compat/results.json``; ``table`` renders it as the README's
+   compatibility table.
+
+    python scripts/compat_tier.py                    # every release, the CI run
+    python scripts/compat_tier.py --releases 0.5.19  # one
+    python scripts/compat_tier.py table --readme README.md
+
+Exit status 1 when a tested release fails anything (a newer release's result is reported
+and never fails the run: the list has not claimed it yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from spec_fused.releases import TESTED_RELEASES, parse, support_status  # noqa: E402
+
+COMPAT_DIR = ROOT / ".compat"
+STUBS = ROOT / "tests" / "compat" / "stubs"
+RESULTS = ROOT / "tests" / "compat" / "results.json"
+LIGHT_PY = ROOT / ".venv" / "bin" / "python"
+HEAVY_PY = ROOT / ".venv-sched" / "bin" / "python"
+BELOW_RANGE = "0.5.14"  # the last release before the shared relay: must be refused
+LIGHT_TESTS = ("tests/test_compat.py", "tests/test_trace_equivalence.py",
+               "tests/test_host_mirror.py", "tests/test_hot_path.py",
+               "tests/test_fallbacks.py")
+HEAVY_TESTS = ("tests/test_scheduler_tier.py",)
+# Table columns and the test modules (or test_compat tests) each one covers.
+COLUMNS = {
+    "apply/remove": ("test_compat", ("test_the_installed_release_is_tested_or_refused",
+                                     "test_a_release_below_the_range_is_refused_cleanly",
+                                     "test_api_probe_then_apply_and_remove_exactly")),
+    "traces": ("test_trace_equivalence", None),
+    "caps": ("test_compat", ("test_future_map_features_are_the_releases",
+                             "test_established_caps_are_the_releases",
+                             "test_fa3_needs_host_lengths_as_the_release_says")),
+    "relay": (("test_host_mirror", "test_hot_path", "test_fallbacks"), None),
+    "scheduler": ("test_scheduler_tier", None),
+}
+HEAVY_PINNED = ("transformers", "tokenizers", "xgrammar")
+
+
+def pip(python: Path, *args: str) -> None:
+    subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                   check=True)
+
+
+def overlay(release: str) -> Path:
+    """``.compat/sglang-<release>``: the wheel, no dependencies (pip's cache reuses it)."""
+    target = COMPAT_DIR / f"sglang-{release}"
+    done = target / ".spec_fused-complete"
+    if not done.exists():
+        print(f"[{release}] installing sglang=={release} into {target.relative_to(ROOT)}",
+              flush=True)
+        pip(LIGHT_PY, "install", "--no-deps", "--no-compile", "--upgrade", "--target",
+            str(target), f"sglang=={release}")
+        done.write_text(release)
+    return target
+
+
+def _requires(metadata: Path) -> dict:
+    """``{name: specifier}`` of a METADATA file's unconditional Requires-Dist lines."""
+    out = {}
+    for line in metadata.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.startswith("Requires-Dist:") or ";" in line:
+            continue
+        m = re.match(r"Requires-Dist:\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*\(?([^)]*)\)?",
+                     line)
+        if m:
+            out[m.group(1).lower().replace("_", "-")] = m.group(2).strip()
+    return out
+
+
+def _installed(python: Path, names) -> dict:
+    code = ("import json, importlib.metadata as m\n"
+            "out = {}\n"
+            f"for n in {list(names)!r}:\n"
+            "    try: out[n] = m.version(n)\n"
+            "    except Exception: out[n] = None\n"
+            "print(json.dumps(out))")
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def heavy_overlay(sglang_dir: Path, release: str):
+    """The release's own pins of the packages its scheduler import is sensitive to, as
+    an overlay, where they differ from the heavy environment's; None when they agree."""
+    metas = list(sglang_dir.glob("sglang-*.dist-info/METADATA"))
+    if not metas:
+        return None
+    pins = {n: s for n, s in _requires(metas[0]).items() if n in HEAVY_PINNED and
+            s.startswith("==")}
+    have = _installed(HEAVY_PY, pins)
+    if all(have.get(n) == s[2:] for n, s in pins.items()):
+        return None
+    tag = "-".join(f"{n}{s[2:]}" for n, s in sorted(pins.items()))
+    target = COMPAT_DIR / f"heavy-{tag}"
+    done = target / ".spec_fused-complete"
+    if done.exists():
+        return target
+    print(f"[{release}] pinned for the scheduler import: "
+          f"{', '.join(f'{n}{s}' for n, s in sorted(pins.items()))}", flush=True)
+    specs = [f"{n}{s}" for n, s in pins.items()]
+    pip(HEAVY_PY, "install", "--no-deps", "--no-compile", "--upgrade", "--target",
+        str(target), *specs)
+    # What that transformers itself needs of the two it is strict about.
+    for meta in target.glob("transformers-*.dist-info/METADATA"):
+        needs = _requires(meta)
+        extra = [f"{n}{needs[n]}" for n in ("huggingface-hub", "tokenizers")
+                 if n in needs and n not in pins]
+        if extra:
+            pip(HEAVY_PY, "install", "--no-deps", "--no-compile", "--upgrade", "--target",
+                str(target), *extra)
+    done.write_text(release)
+    return target
+
+
+def run_pytest(python: Path, tests, pythonpath, junit: Path, extra=()) -> float:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
+    env.setdefault("SPEC_FUSED_HYPOTHESIS_PROFILE", "compat")
+    env["TRITON_INTERPRET"] = "1"
+    t0 = time.perf_counter()
+    subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    "-o", "junit_family=xunit1", f"--junitxml={junit}", *extra, *tests],
+                   cwd=ROOT, env=env)
+    return time.perf_counter() - t0
+
+
+def _cases(junit: Path) -> list:
+    """``[(module, name, outcome, message)]`` from a junit file (missing: no cases)."""
+    if not junit.exists():
+        return []
+    out = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        module = case.get("classname", "").split(".")[-1]
+        name = case.get("name", "").split("[")[0]
+        outcome, message = "passed", ""
+        for kind in ("failure", "error", "skipped"):
+            node = case.find(kind)
+            if node is not None:
+                outcome = "skipped" if kind == "skipped" else "failed"
+                message = (node.get("message") or "").strip()
+                break
+        out.append((module, name, outcome, message))
+    return out
+
+
+def column(cases, modules, names) -> dict:
+    modules = (modules,) if isinstance(modules, str) else modules
+    mine = [c for c in cases if c[0] in modules and (names is None or c[1] in names)]
+    count = {k: sum(c[2] == k for c in mine) for k in ("passed", "failed", "skipped")}
+    failed = sorted({c[1] for c in mine if c[2] == "failed"})
+    skips = sorted({c[3] for c in mine if c[2] == "skipped"})
+    if not mine:
+        result = "not run"
+    elif count["failed"]:
+        result = "fail"
+    elif count["passed"]:
+        result = "pass"
+    else:
+        result = "skip"
+    return {"result": result, **count, "failed_tests": failed,
+            "skip_reasons": skips[:3]}
+
+
+def test_release(release: str, work: Path) -> dict:
+    status = support_status(release)
+    t0 = time.perf_counter()
+    sglang_dir = overlay(release)
+    light_junit, heavy_junit = work / f"{release}-light.xml", work / f"{release}-heavy.xml"
+    for f in (light_junit, heavy_junit):
+        f.unlink(missing_ok=True)
+    below = status.kind == "older"
+    print(f"[{release}] light tier ({status.kind})", flush=True)
+    run_pytest(LIGHT_PY, LIGHT_TESTS[:1] if below else LIGHT_TESTS,
+               [sglang_dir, STUBS, ROOT], light_junit, ("-m", "not scheduler and not gpu"))
+    heavy_note = ""
+    if below:
+        heavy_note = "refused below the range: nothing to patch"
+    elif not HEAVY_PY.exists():
+        heavy_note = f"no heavy environment ({HEAVY_PY.relative_to(ROOT)})"
+    else:
+        pins = heavy_overlay(sglang_dir, release)
+        print(f"[{release}] scheduler tier", flush=True)
+        run_pytest(HEAVY_PY, HEAVY_TESTS, [p for p in (sglang_dir, pins, ROOT) if p],
+                   heavy_junit, ("-m", "scheduler"))
+    cases = _cases(light_junit) + _cases(heavy_junit)
+    cols = {name: column(cases, *spec) for name, spec in COLUMNS.items()}
+    if heavy_note:
+        cols["scheduler"] = {"result": "skip", "passed": 0, "failed": 0, "skipped": 0,
+                             "failed_tests": [], "skip_reasons": [heavy_note]}
+    if below:  # a refused release has nothing else to run
+        for name in ("traces", "caps", "relay"):
+            cols[name] = {"result": "n/a", "passed": 0, "failed": 0, "skipped": 0,
+                          "failed_tests": [], "skip_reasons": ["refused"]}
+    ok = all(c["result"] in ("pass", "n/a") for n, c in cols.items() if n != "scheduler") \
+        and cols["scheduler"]["result"] in ("pass", "skip")
+    row = {"release": release, "status": status.kind, "ok": ok, "columns": cols,
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    print(f"[{release}] {'ok' if ok else 'FAILED'}: "
+          + ", ".join(f"{n} {c['result']}" for n, c in cols.items())
+          + f" ({row['wall_s']} s)", flush=True)
+    return row
+
+
+def newer_on_index() -> tuple:
+    """Releases the package index serves that are newer than the list, and a note."""
+    proc = subprocess.run([str(LIGHT_PY), "-m", "pip", "index", "versions", "sglang"],
+                          capture_output=True, text=True)
+    m = re.search(r"Available versions:\s*(.+)", proc.stdout)
+    if proc.returncode != 0 or not m:
+        return [], "the package index could not be asked for newer releases"
+    newest = parse(TESTED_RELEASES[-1])
+    newer = [v.strip() for v in m.group(1).split(",")
+             if parse(v.strip()) is not None and parse(v.strip()) > newest]
+    return sorted(newer, key=parse), (f"the index serves {', '.join(newer)} beyond the list"
+                                      if newer else "the index serves nothing newer")
+
+
+def cmd_run(args) -> int:
+    work = COMPAT_DIR / "junit"
+    work.mkdir(parents=True, exist_ok=True)
+    releases = list(args.releases or ([BELOW_RANGE, *TESTED_RELEASES]))
+    note = ""
+    if args.discover and not args.releases:
+        newer, note = newer_on_index()
+        releases += newer
+        print(f"compat tier: {note}", flush=True)
+    t0 = time.perf_counter()
+    rows = [test_release(r, work) for r in releases]
+    versions = {"light": _installed(LIGHT_PY, ("torch", "triton")),
+                "heavy": _installed(HEAVY_PY, ("torch", "triton", "transformers"))
+                if HEAVY_PY.exists() else None}
+    payload = {"generated": time.strftime("%Y-%m-%d", time.gmtime()),
+               "command": "python scripts/compat_tier.py" + (" " + " ".join(sys.argv[1:])
+                                                               if sys.argv[1:] else ""),
+               "environments": versions, "index_note": note, "rows": rows,
+               "wall_s": round(time.perf_counter() - t0, 1)}
+    out = Path(args.results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(render(payload))
+    print(f"\ncompat tier: {len(rows)} releases in {payload['wall_s']} s -> {out}")
+    bad = [r["release"] for r in rows if not r["ok"] and r["status"] != "newer"]
+    if bad:
+        print(f"compat tier FAILED for: {', '.join(bad)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _cell(col: dict) -> str:
+    if col["result"] == "pass":
+        return f"pass ({col['passed']})"
+    if col["result"] == "fail":
+        return f"**FAIL** ({', '.join(col['failed_tests'])})"
+    if col["result"] == "skip":
+        reason = col["skip_reasons"][0] if col["skip_reasons"] else ""
+        return f"skip: {reason[:90]}"
+    return col["result"]
+
+
+def render(payload: dict) -> str:
+    lines = ["| release | status | " + " | ".join(COLUMNS) + " |",
+             "|---|---|" + "---|" * len(COLUMNS)]
+    for row in payload["rows"]:
+        lines.append(f"| {row['release']} | {row['status']} | "
+                     + " | ".join(_cell(row["columns"][c]) for c in COLUMNS) + " |")
+    env = payload.get("environments") or {}
+    light, heavy = env.get("light") or {}, env.get("heavy") or {}
+    lines += ["", f"Run {payload['generated']} with `{payload['command']}`: light tier on torch "
+                  f"{light.get('torch')} / triton {light.get('triton')} (Triton interpreter); "
+                  f"scheduler tier on torch {heavy.get('torch')}, transformers "
+                  f"{heavy.get('transformers')} (or the release's own pin). "
+                  f"{payload.get('index_note') or ''}".rstrip()]
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
+
+
+def cmd_table(args) -> int:
+    payload = json.loads(Path(args.results).read_text())
+    table = render(payload)
+    if not args.readme:
+        print(table)
+        return 0
+    readme = Path(args.readme)
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"{readme} has no {BEGIN} ... {END} markers", file=sys.stderr)
+        return 2
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    print(f"compat table written into {readme}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/compat_tier.py",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd")
+    parser.add_argument("--releases", nargs="+", help="only these (default: all, plus "
+                        f"{BELOW_RANGE} and newer ones on the index)")
+    parser.add_argument("--no-discover", dest="discover", action="store_false",
+                        help="do not ask the package index for newer releases")
+    parser.add_argument("--results", default=str(RESULTS))
+    table = sub.add_parser("table", help="render the results as the README's table")
+    table.add_argument("--results", default=str(RESULTS))
+    table.add_argument("--readme", help="write it between the README's markers")
+    args = parser.parse_args(argv)
+    return cmd_table(args) if args.cmd == "table" else cmd_run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The compat tier's own bookkeeping: version order, pins, junit classification, table."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from spec_fused.releases import TESTED_RELEASES, parse
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("compat_tier", ROOT / "scripts" / "compat_tier.py")
+tier = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tier)
+
+
+def test_versions_sort_as_pep_440_says():
+    order = ["0.5.14", "0.5.15.dev1", "0.5.15rc1", "0.5.15", "0.5.15.post1", "0.5.16",
+             "0.5.23", "0.5.23.post1", "0.5.24rc1", "0.5.24", "0.6.0"]
+    assert sorted(order, key=parse) == order
+    assert parse("0.5.23+cu130") == parse("0.5.23") and parse("nope") is None
+    assert list(TESTED_RELEASES) == sorted(TESTED_RELEASES, key=parse)
+
+
+def test_every_tested_release_has_an_expectation_row():
+    from compat.expectations import RELEASES
+
+    assert set(RELEASES) == set(TESTED_RELEASES)
+
+
+def test_requires_reads_pins_and_ranges_but_not_markers(tmp_path):
+    meta = tmp_path / "METADATA"
+    meta.write_text("Name: sglang\nRequires-Dist: transformers==5.12.1\n"
+                    "Requires-Dist: huggingface-hub<2.0,>=1.5.0\n"
+                    "Requires-Dist: xgrammar==0.2.1\n"
+                    "Requires-Dist: pytest; extra == \"test\"\n"
+                    "Requires-Dist: Tokenizers (<=0.23.0,>=0.22.0)\n")
+    got = tier._requires(meta)
+    assert got["transformers"] == "==5.12.1" and got["xgrammar"] == "==0.2.1"
+    assert got["huggingface-hub"] == "<2.0,>=1.5.0" and got["tokenizers"] == "<=0.23.0,>=0.22.0"
+    assert "pytest" not in got
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite>
+<testcase classname="tests.test_compat" name="test_api_probe_then_apply_and_remove_exactly"/>
+<testcase classname="tests.test_compat" name="test_established_caps_are_the_releases">
+  <failure message="assert (True, 'exact') == (True, 'reserved')"/></testcase>
+<testcase classname="tests.test_trace_equivalence" name="test_exact_variant[x]"/>
+<testcase classname="tests.test_scheduler_tier" name="tests.test_scheduler_tier">
+  <skipped message="could not import 'sglang.srt.managers.scheduler': No module named 'x'"/>
+</testcase></testsuite></testsuites>"""
+
+
+def test_columns_classify_pass_fail_and_skip(tmp_path):
+    junit = tmp_path / "j.xml"
+    junit.write_text(JUNIT)
+    cases = tier._cases(junit)
+    cols = {name: tier.column(cases, *spec) for name, spec in tier.COLUMNS.items()}
+    assert cols["apply/remove"]["result"] == "pass"
+    assert cols["caps"]["result"] == "fail"
+    assert cols["caps"]["failed_tests"] == ["test_established_caps_are_the_releases"]
+    assert cols["traces"]["result"] == "pass" and cols["relay"]["result"] == "not run"
+    assert cols["scheduler"]["result"] == "skip"
+    assert "No module named 'x'" in cols["scheduler"]["skip_reasons"][0]
+    assert tier._cases(tmp_path / "missing.xml") == []
+
+
+def test_table_renders_every_row_and_lands_between_the_markers(tmp_path):
+    committed = json.loads((ROOT / "tests" / "compat" / "results.json").read_text())
+    table = tier.render(committed)
+    for row in committed["rows"]:
+        assert f"| {row['release']} |" in table
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{tier.BEGIN}\nold\n{tier.END}\noutro\n")
+    results = tmp_path / "r.json"
+    results.write_text(json.dumps(committed))
+    assert tier.main(["table", "--results", str(results), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "\nold\n" not in text and table in text and text.startswith("intro")
+    assert text.rstrip().endswith("outro")
+
+
+def test_the_committed_results_cover_the_list():
+    committed = json.loads((ROOT / "tests" / "compat" / "results.json").read_text())
+    rows = {r["release"]: r for r in committed["rows"]}
+    for release in TESTED_RELEASES:
+        assert rows[release]["ok"], release
+
+
+@pytest.mark.parametrize("release", ["0.5.14"])
+def test_the_release_below_the_range_is_in_the_tier(release):
+    assert tier.BELOW_RANGE == release and parse(release) < parse(TESTED_RELEASES[0])
