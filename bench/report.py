@@ -26,17 +26,53 @@ def _fmt(v, digits=1):
 def kernel_table(path: Path, pool: int, batches=(1, 8, 64, 256, 1024, 4096)) -> str:
     data = json.loads(path.read_text())
     rows = {(r["provider"], r["batch"]): r for r in data["rows"] if r["pool"] == pool}
-    lines = [f"kernel_sweep, pool {pool}, device `{data['device']}`",
-             "",
-             "| batch | provider | launches | host syncs | D2H bytes | host µs | device µs |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+    timed = data["device"] != "cpu"  # on CPU the µs are the interpreter's: left out
+    head = "| batch | provider | launches | host syncs | D2H bytes |"
+    rule = "|---:|---|---:|---:|---:|"
+    if timed:
+        head, rule = head + " host µs | device µs |", rule + "---:|---:|"
+    lines = [f"kernel_sweep, pool {pool}, device `{data['device']}`", "", head, rule]
     for b in batches:
         for p in PROVIDERS:
             r = rows.get((p, b))
             if r is None:
                 continue
-            lines.append(f"| {b} | {p} | {r['launches']} | {r['host_syncs']} | "
-                         f"{r['d2h_bytes']} | {_fmt(r['host_us'])} | {_fmt(r['device_us'], 2)} |")
+            line = f"| {b} | {p} | {r['launches']} | {r['host_syncs']} | {r['d2h_bytes']} |"
+            if timed:
+                line += f" {_fmt(r['host_us'])} | {_fmt(r['device_us'], 2)} |"
+            lines.append(line)
+    return "\n".join(lines)
+
+
+HOST_PROVIDERS = ("spec_fused", "spec_fused-null", "spec_fused-jit", "floor-direct", "floor-jit")
+
+
+def host_table(path: Path, batches=(1, 16, 256, 1024)) -> str:
+    """Host µs per relay step (median over rounds) and the ratio to upstream's."""
+    data = json.loads(path.read_text())
+    rows = {(r["provider"], r["algorithm"], r["needs_cpu_seq_lens"], r["batch"]): r
+            for r in data["rows"]}
+    present = [p for p in HOST_PROVIDERS if any(k[0] == p for k in rows)]
+    lines = [f"host_overhead, device `{data['device']}`, production backend "
+             f"`{data['config']['production_backend']}`, median host µs per step "
+             f"(publish + resolve) and × upstream",
+             "",
+             "| algorithm | needs_cpu_seq_lens | batch | upstream | "
+             + " | ".join(present) + " |",
+             "|---|---:|---:|---:|" + "---:|" * len(present)]
+    cells = dict.fromkeys((k[1], k[2]) for k in rows)
+    for algorithm, ncsl in cells:
+        for b in batches:
+            up = rows.get(("upstream", algorithm, ncsl, b))
+            if up is None:
+                continue
+            cols = []
+            for p in present:
+                r = rows.get((p, algorithm, ncsl, b))
+                cols.append("-" if r is None else
+                            f"{r['host_us']:.2f} ({r['ratio_to_upstream']:.2f}×)")
+            lines.append(f"| {algorithm} | {ncsl} | {b} | {up['host_us']:.2f} | "
+                         + " | ".join(cols) + " |")
     return "\n".join(lines)
 
 
@@ -69,9 +105,12 @@ def main(argv=None) -> None:
     parser.add_argument("--pool", type=int, default=4096)
     args = parser.parse_args(argv)
     ks, ab = args.results_dir / "kernel_sweep.json", args.results_dir / "ab_throughput.json"
+    host = args.results_dir / "host_overhead.json"
     if ks.exists():
         print(f"_{versions_line(ks)}_\n")
         print(kernel_table(ks, args.pool), "\n")
+    if host.exists():
+        print(host_table(host), "\n")
     if ab.exists():
         print(ab_table(ab))
 
