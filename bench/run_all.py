@@ -8,7 +8,8 @@ laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size
     python -m bench.run_all --out /tmp/h200                # CUDA
 
 Results go to ``bench/results/<device>/`` (or ``--out DIR``): ``kernel_sweep.json/.png``,
-``host_overhead.json/.png``, ``ab_throughput.json/.md/.png``. The real-server A/B (weights + GPU) is
+``host_overhead.json/.png``, ``ab_throughput.json/.md/.png``. The real-server A/B
+(weights + GPU) is
 ``bench/ab_server.sh``.
 """
 

@@ -240,12 +240,13 @@ def newer_on_index() -> tuple:
                           capture_output=True, text=True)
     m = re.search(r"Available versions:\s*(.+)", proc.stdout)
     if proc.returncode != 0 or not m:
-        return [], "the package index could not be asked for newer releases"
+        return [], "The package index could not be asked for newer releases."
     newest = parse(TESTED_RELEASES[-1])
     newer = [v.strip() for v in m.group(1).split(",")
              if parse(v.strip()) is not None and parse(v.strip()) > newest]
-    return sorted(newer, key=parse), (f"the index serves {', '.join(newer)} beyond the list"
-                                      if newer else "the index serves nothing newer")
+    return sorted(newer, key=parse), (f"The index serves {', '.join(newer)} beyond the list."
+                                      if newer else "The package index serves no newer "
+                                                    "release.")
 
 
 def cmd_run(args) -> int:
