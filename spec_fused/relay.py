@@ -278,24 +278,30 @@ class FusedRelay:
         cur = torch.cuda.current_stream(self.device)
         stream = self.relay_stream
         gather = self._host_indices(batch, fi)
-        if gather is None:
-            stream.wait_stream(cur)  # the device indices were staged on the schedule stream
-            gather = fi
+        if gather is None or event is None:
+            # The device indices were staged on the schedule stream; and with no publish
+            # yet (start-up) there is no event: order behind the schedule stream instead.
+            stream.wait_stream(cur)
+            gather = fi if gather is None else gather
         if event is not None:
             stream.wait_event(event)
         pending = self.pending
         pi, pv = pending or (None, None)
-        with self.relay_stream_ctx:
-            # Allocated on the stream that writes it; the caller's stream uses it after
-            # waiting for ``done_event``, and the allocator learns that from record_stream.
-            try:
-                out = self._launch(gather, pi, pv, True)
-            except Exception as exc:
-                out = self._fall_back(exc, gather, pi, pv, True)
-            self.done_event.record(stream)
+        try:
+            with self.relay_stream_ctx:
+                # Allocated on the stream that writes it; the caller's stream uses it
+                # after waiting for ``done_event``; the allocator learns that from
+                # record_stream.
+                try:
+                    out = self._launch(gather, pi, pv, True)
+                except Exception as exc:
+                    out = self._fall_back(exc, gather, pi, pv, True)
+                finally:  # also when bad input raises: what was written is ordered
+                    self.done_event.record(stream)
+        finally:
+            cur.wait_event(self.done_event)
         self.landed, self.pending = pending, None
         out.record_stream(cur)
-        cur.wait_event(self.done_event)
         wait = self.done_event.synchronize
         wait()  # the host waits for this launch only
         batch.seq_lens = out
@@ -346,6 +352,15 @@ class FusedRelay:
         except Exception as exc:
             self._fall_back(exc, empty, indices, values, False)
         self.pending = None
+        self._mark_landed()
+
+    def _mark_landed(self) -> None:
+        """A deferred publish just landed on the current stream: re-record
+        ``publish_ready`` there, so whoever gates on it (the exact path's private stream,
+        SGLang's own readers) waits for this write, not only the original publish."""
+        fm = self.future_map_ref()
+        if self.on_cuda and fm is not None and fm.publish_ready is not None:
+            fm.publish_ready.record()
 
     def settle_pending(self) -> None:
         """Land a pending publish with plain torch (what upstream's publish does at once),
@@ -358,6 +373,7 @@ class FusedRelay:
         try:
             self.fence_current_stream()
             self.launcher.buf[indices.long()] = values.to(self.launcher.buf.dtype)
+            self._mark_landed()
         except Exception as exc:
             log_once(("unlandable", type(exc).__name__),
                      "a publish that cannot land was dropped (%s: %s)", type(exc).__name__, exc)

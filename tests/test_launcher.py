@@ -218,3 +218,26 @@ def test_stamps_wrap_below_int32_and_still_name_their_launch():
         assert 0 <= launcher.stamp <= pg.PublishGather.STAMP_MASK
         lens, total = launcher.read_row(launcher.stamp, 2)
         assert lens.tolist() == out.tolist() == [10 + k, 2] and total == 12 + k
+
+
+def test_an_empty_publish_does_not_stand_in_for_real_publish_pointers():
+    """An empty publish compiles no publish pointers of its own: its variant must not be
+    filed under the dtypes of the (empty) tensors it was handed, or a later real publish
+    of those dtypes would run a kernel compiled for other pointer types."""
+    buf = torch.zeros(16, dtype=torch.int64)
+    launcher = _bound_launcher(buf, FakeCompiled())
+    gi = torch.tensor([1, 2])
+    empty = torch.empty(0, dtype=torch.int32)
+    launcher.launch(gi, empty, empty, False)
+    assert (torch.int64, torch.int32, torch.int32, False) not in launcher._variants
+    out = launcher.launch(gi, torch.tensor([2], dtype=torch.int32),
+                          torch.tensor([7], dtype=torch.int32), False)
+    assert out.tolist() == [0, 7]
+    assert (torch.int64, torch.int32, torch.int32, False) in launcher._variants
+
+
+def test_pre_run_hooks_send_launches_the_normal_way(monkeypatch):
+    fast = _fast(monkeypatch)
+    assert fast.ready()
+    fast._pre_run_hooks = [lambda *a, **k: None]
+    assert not fast.ready()

@@ -77,13 +77,16 @@ def _log_once(reason: str) -> None:
 class BoundKernel:
     """One compiled variant: ``launch(stream, *args)`` with ``args`` in parameter order."""
 
-    __slots__ = ("run", "function", "metadata", "n_args")
+    __slots__ = ("run", "function", "metadata", "n_args", "compiled")
 
-    def __init__(self, run, function, metadata, n_args: int):
+    def __init__(self, run, function, metadata, n_args: int, compiled=None):
         self.run = run
         self.function = function
         self.metadata = metadata
         self.n_args = n_args
+        # Kept alive: Triton 3.8+ unloads the module when the CompiledKernel is collected
+        # (if its JIT cache is ever cleared), which would leave ``function`` dangling.
+        self.compiled = compiled
 
 
 def bind(compiled, n_args: int) -> tuple[Optional[BoundKernel], str]:
@@ -108,21 +111,24 @@ def bind(compiled, n_args: int) -> tuple[Optional[BoundKernel], str]:
         return None, f"the launcher takes {len(signature)} arguments, the kernel has {n_args}"
     if not callable(run) or function is None:
         return None, "the compiled kernel has no loaded function"
-    return BoundKernel(run, function, metadata, n_args), ""
+    return BoundKernel(run, function, metadata, n_args, compiled), ""
 
 
 class FastLaunch:
     """Per-process conditions for the direct launch, checked in O(1) per step.
 
     ``ready()`` is False - and the caller takes ``kernel[grid](...)`` - while a launch
-    hook is installed (proton and other profilers hook every launch), under
+    hook is installed (proton and other profilers hook every launch), while the kernel
+    has pre-run hooks, under
     ``torch.compiler.is_compiling()``, or when the current CUDA device is not the one the
     kernels were bound on. ``blocked`` is set when the direct launch cannot be used at all
     here (unknown Triton, no knobs)."""
 
-    def __init__(self, device_index: int):
+    def __init__(self, device_index: int, kernel=None):
         self.device_index = device_index
         self.blocked: Optional[str] = None
+        # JITFunction.run calls these before every launch; the direct launch would not.
+        self._pre_run_hooks = getattr(kernel, "pre_run_hooks", None) or []
         version = triton_version()
         lo, hi = KNOWN_TRITON
         if _knobs is None or _HookChain is None:
@@ -148,6 +154,9 @@ class FastLaunch:
         rt = self._runtime
         if not (_quiet(rt.launch_enter_hook) and _quiet(rt.launch_exit_hook)):
             _log_once("a Triton launch hook is set (a profiler?)")
+            return False
+        if self._pre_run_hooks:
+            _log_once("the kernel has pre-run hooks")
             return False
         if self._is_compiling():
             return False

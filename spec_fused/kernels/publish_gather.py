@@ -582,7 +582,7 @@ class PublishGather:
         if name == "triton" and self._on_cuda:
             from spec_fused.kernels.launcher import FastLaunch
 
-            self._fast = FastLaunch(self._device_index)
+            self._fast = FastLaunch(self._device_index, _publish_gather_kernel)
         self._null = name == "null"
         self._impl = _reference_impl if name == "reference" else _launch
         self.launch = self._launch_reference if name == "reference" else self._launch_kernel
@@ -723,9 +723,11 @@ class PublishGather:
         _raise_if_flagged(self._flag)  # a previous launch's consume-once failure
         if host:
             self.ensure_host_ring()
-        key = (gi.dtype, host) if pi is None else (gi.dtype, pi.dtype, pv.dtype, host)
         if pi is not None and pi.shape[0] == 0:
             pi = pv = None
+        # Keyed on what is launched: an empty publish compiles no publish pointers of its
+        # own, so it must not stand in for a combination with real ones.
+        key = (gi.dtype, host) if pi is None else (gi.dtype, pi.dtype, pv.dtype, host)
         if out is None:
             out = self._new(n) if n else self.empty_out
         if not n and pi is None:  # DP-idle: nothing to launch
