@@ -378,14 +378,14 @@ class FusedRelay:
             log_once(("unlandable", type(exc).__name__),
                      "a publish that cannot land was dropped (%s: %s)", type(exc).__name__, exc)
 
-    def fence_current_stream(self, wait_for_publish: bool = True) -> None:
+    def fence_current_stream(self) -> None:
         """Order the caller's stream after the publish on the device (no host wait), and
         keep the pending publish's tensors alive until that stream has used them."""
         if not self.on_cuda:
             return
         cur = torch.cuda.current_stream(self.device)
         fm = self.future_map_ref()
-        if wait_for_publish and fm is not None and fm.publish_ready is not None:
+        if fm is not None and fm.publish_ready is not None:
             cur.wait_event(fm.publish_ready)
         for t in self.pending or ():
             if t is not None and t.device.type == "cuda":

@@ -73,7 +73,7 @@ def kernel_launches(monkeypatch):
             return direct(*args)
 
         return launcher_mod.BoundKernel(counted, bound.function, bound.metadata,
-                                        bound.n_args), why
+                                        bound.compiled), why
 
     monkeypatch.setattr(launcher_mod, "bind", bind)
     return counter

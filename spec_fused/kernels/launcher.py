@@ -74,16 +74,26 @@ def _log_once(reason: str) -> None:
         logger.info("spec_fused: Triton's normal launch path is used (%s)", reason)
 
 
+def _unknown_triton() -> Optional[str]:
+    """Why the direct launch cannot be trusted with the installed Triton, or None."""
+    version = triton_version()
+    lo, hi = KNOWN_TRITON
+    if version is None or not lo <= version <= hi:
+        return (f"Triton {getattr(triton, '__version__', None)} is outside the versions the "
+                f"direct launch was read against ({lo} to {hi})")
+    return None
+
+
 class BoundKernel:
-    """One compiled variant: ``launch(stream, *args)`` with ``args`` in parameter order."""
+    """One compiled variant: call ``run(gx, gy, gz, stream, function, metadata, None,
+    None, None, *args)`` with every kernel parameter in order."""
 
-    __slots__ = ("run", "function", "metadata", "n_args", "compiled")
+    __slots__ = ("run", "function", "metadata", "compiled")
 
-    def __init__(self, run, function, metadata, n_args: int, compiled=None):
+    def __init__(self, run, function, metadata, compiled=None):
         self.run = run
         self.function = function
         self.metadata = metadata
-        self.n_args = n_args
         # Kept alive: Triton 3.8+ unloads the module when the CompiledKernel is collected
         # (if its JIT cache is ever cleared), which would leave ``function`` dangling.
         self.compiled = compiled
@@ -95,11 +105,9 @@ def bind(compiled, n_args: int) -> tuple[Optional[BoundKernel], str]:
     ``compiled`` is the ``CompiledKernel`` a normal launch returns (the interpreter and
     asynchronous compilation return something else); ``n_args`` is how many parameters
     the launch passes, constexprs included."""
-    version = triton_version()
-    lo, hi = KNOWN_TRITON
-    if version is None or not lo <= version <= hi:
-        return None, f"Triton {getattr(triton, '__version__', None)} is outside the " \
-                     f"versions the direct launch was read against ({lo} to {hi})"
+    unknown = _unknown_triton()
+    if unknown:
+        return None, unknown
     try:
         run = compiled.run  # a property: loads the module and builds the launcher once
         function = compiled.function
@@ -111,7 +119,7 @@ def bind(compiled, n_args: int) -> tuple[Optional[BoundKernel], str]:
         return None, f"the launcher takes {len(signature)} arguments, the kernel has {n_args}"
     if not callable(run) or function is None:
         return None, "the compiled kernel has no loaded function"
-    return BoundKernel(run, function, metadata, n_args, compiled), ""
+    return BoundKernel(run, function, metadata, compiled), ""
 
 
 class FastLaunch:
@@ -129,24 +137,21 @@ class FastLaunch:
         self.blocked: Optional[str] = None
         # JITFunction.run calls these before every launch; the direct launch would not.
         self._pre_run_hooks = getattr(kernel, "pre_run_hooks", None) or []
-        version = triton_version()
-        lo, hi = KNOWN_TRITON
-        if _knobs is None or _HookChain is None:
-            self.blocked = "this Triton has no triton.knobs launch hooks to inspect"
-        elif version is None or not lo <= version <= hi:
-            self.blocked = (f"Triton {getattr(triton, '__version__', None)} is outside the "
-                            f"versions the direct launch was read against")
-        if self.blocked:
-            _log_once(self.blocked)
-            self._runtime = None
-            return
-        self._runtime = _knobs.runtime
+        self._runtime = None if _knobs is None else _knobs.runtime
         self._is_compiling = torch.compiler.is_compiling
         self._get_device = getattr(torch._C, "_cuda_getDevice", None)
         self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if self.raw_stream is None or self._get_device is None:
-            self.blocked = "torch has no raw CUDA stream accessor"
-            _log_once(self.blocked)
+        if _knobs is None or _HookChain is None:
+            self.block("this Triton has no triton.knobs launch hooks to inspect")
+        elif _unknown_triton():
+            self.block(_unknown_triton())
+        elif self.raw_stream is None or self._get_device is None:
+            self.block("torch has no raw CUDA stream accessor")
+
+    def block(self, why: str) -> None:
+        """No direct launch in this process from now on (logged once per reason)."""
+        self.blocked = why
+        _log_once(why)
 
     def ready(self) -> bool:
         if self.blocked is not None:

@@ -297,10 +297,7 @@ def _reference_impl(buf, gather_indices, publish_indices, publish_values, out, o
     out.copy_(gathered)
     out_sum.copy_(gathered.sum().reshape(out_sum.shape))
     if host_out is not None:
-        host_out[: gathered.shape[0]].copy_(gathered)
-        host_out[gathered.shape[0]] = out_sum.reshape(())
-        if stamp is not None:
-            host_out.view(-1)[stamp_offset] = stamp  # (a view of the whole ring row)
+        _write_host_row(host_out, gathered, out_sum.reshape(()), stamp, stamp_offset)
     if poison and gathered.numel():
         buf[gather_indices.long()] = -1
 
@@ -651,7 +648,8 @@ class PublishGather:
 
     def _launch_kernel(self, gi, pi, pv, host: bool) -> torch.Tensor:
         """Release-mode step on the Triton kernel (compiled or interpreted), or on the
-        null backend (the same path with the launch left out). Returns the lengths."""
+        null backend (the same path; ``_run_impl`` leaves the launch out). Returns the
+        lengths."""
         bound = self._variant(gi, pi, pv, host)
         n = gi.numel()
         if bound is _UNSEEN or (host and n > self.max_batch):
@@ -662,11 +660,7 @@ class PublishGather:
         out = self._new(n) if n else self.empty_out
         stamp = self.stamp = self.step & self.STAMP_MASK
         self.step += 1
-        if self._null:  # SPEC_FUSED_FORCE_BACKEND=null: everything but the launch
-            if host and self._ring_np is not None:
-                self._ring_np[stamp & 1, -1] = stamp  # so the read takes its normal branch
-            return out
-        fast = self._fast
+        fast = self._fast  # None for the null backend: _run_impl leaves the launch out
         if bound is not None and fast.ready():
             # An empty tensor's pointer may be null; for a loop that never runs any valid
             # pointer will do (the launcher only passes the address).
@@ -706,10 +700,10 @@ class PublishGather:
         stamp = self.stamp = self.step & self.STAMP_MASK
         self.step += 1
         if host:
-            if self._on_cuda:  # the kernel's host mirror, in torch (a rung of the ladder)
-                _reference_host_row(out, self.out_sum, self._host_ring[stamp & 1], stamp)
-            else:  # on CPU the device is the host: the sum is all there is to mirror
-                torch.sum(out, 0, out=self.out_sum)
+            torch.sum(out, 0, out=self.out_sum)
+            if self._on_cuda:  # the kernel's host mirror (on CPU the sum is all it needs)
+                _write_host_row(self._host_ring[stamp & 1], out, self.out_sum, stamp,
+                                self._stamp_offset)
         return out
 
     def launch_checked(self, gi, pi, pv, host: bool, out=None) -> torch.Tensor:
@@ -749,17 +743,13 @@ class PublishGather:
 
         bound, why = bind(compiled, len(_publish_gather_kernel.arg_names))
         if bound is None:
-            self._fast.blocked = why
-            import logging
-
-            logging.getLogger("spec_fused").info(
-                "spec_fused: Triton's normal launch path is used (%s)", why)
+            self._fast.block(why)
         return bound
 
     def _run_impl(self, gi, pi, pv, out, host, stamp):
-        if self._null:
+        if self._null:  # SPEC_FUSED_FORCE_BACKEND=null: everything but the launch
             if host and self._ring_np is not None:
-                self._ring_np[stamp & 1, -1] = stamp
+                self._ring_np[stamp & 1, -1] = stamp  # so the read takes its normal branch
             return None
         row = self._host_ring[stamp & 1] if host else None
         self.launches += 1
@@ -833,12 +823,13 @@ class PublishGather:
         return lens, total
 
 
-def _reference_host_row(out, out_sum, row, stamp) -> None:
-    n = out.shape[0]
-    torch.sum(out, 0, out=out_sum)
-    row[:n].copy_(out)
-    row[n].copy_(out_sum)
-    row[-1] = stamp
+def _write_host_row(row, lens, total, stamp=None, stamp_offset=-1) -> None:
+    """The kernel's host mirror, in torch: ``[*lens, total]`` and, last, the stamp."""
+    n = lens.shape[0]
+    row[:n].copy_(lens)
+    row[n] = total
+    if stamp is not None:
+        row.view(-1)[stamp_offset] = stamp  # (a view of the whole ring row)
 
 
 def prewarm(device) -> int:
