@@ -689,21 +689,15 @@ def main(argv=None) -> dict:
             **prepared, "wall_s": round(time.perf_counter() - t0, 1),
         },
     }
-    json_path = common.write_json(out_dir / "ab_throughput.json", payload)
     md_path = out_dir / "ab_throughput.md"
     write_markdown(md_path, summary, payload, device)
-    print(common.format_table(rows, ("algorithm", "concurrency", "arm", "tokens_per_s",
-                                     "step_ms_p50", "step_ms_p99", "rounds", "variant",
-                                     "war_barrier")))
-    print()
-    print(common.format_table(summary, SUMMARY_COLUMNS))
-    png = None
-    if not args.no_plot:
-        png = out_dir / "ab_throughput.png"
-        plot(summary, rows, png, device)
-    print(f"\nab_throughput: {len(runs)} runs in {payload['config']['wall_s']} s -> "
-          f"{json_path}, {md_path}" + (f", {png}" if png else ""))
-    return payload
+    tables = [common.format_table(rows, ("algorithm", "concurrency", "arm", "tokens_per_s",
+                                         "step_ms_p50", "step_ms_p99", "rounds", "variant",
+                                         "war_barrier")),
+              common.format_table(summary, SUMMARY_COLUMNS)]
+    draw = None if args.no_plot else (lambda png: plot(summary, rows, png, device))
+    return common.write_results("ab_throughput", out_dir, payload, tables=tables, plot=draw,
+                                count=f"{len(runs)} runs", also=(md_path,))
 
 
 if __name__ == "__main__":

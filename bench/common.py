@@ -166,6 +166,24 @@ def write_json(path: Path, payload: dict) -> Path:
     return path
 
 
+def write_results(name: str, out_dir: Path, payload: dict, *, tables: Sequence[str],
+                  plot: Optional[Callable[[Path], None]], count: str,
+                  also: Sequence[Path] = ()) -> dict:
+    """The end of every benchmark: ``<name>.json``, the printed tables, ``<name>.png``
+    (``plot`` given, i.e. not ``--no-plot``) and one line saying where they all went
+    (``also``: files the benchmark wrote itself)."""
+    json_path = write_json(out_dir / f"{name}.json", payload)
+    print("\n\n".join(tables))
+    png = None
+    if plot is not None:
+        png = out_dir / f"{name}.png"
+        plot(png)
+    files = [json_path, *also, *([png] if png else [])]
+    print(f"\n{name}: {count} in {payload['config']['wall_s']} s -> "
+          + ", ".join(str(f) for f in files))
+    return payload
+
+
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="small sweep that finishes in minutes on a 2-core CPU")

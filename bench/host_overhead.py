@@ -357,21 +357,14 @@ def main(argv=None) -> dict:
                    "production_backend": "triton" if device.type == "cuda" else "reference",
                    **prepared, "wall_s": round(time.perf_counter() - t0, 1)},
     }
-    json_path = common.write_json(out_dir / "host_overhead.json", payload)
-    print(common.format_table(rows, TABLE_COLUMNS))
-    print()
-    print(common.format_table(payload["summary"], ("provider", "worst_ratio", "worst_at",
-                                                   "median_ratio", "worst_ratio_best_of",
-                                                   "worst_ratio_to_floor")))
-    print()
-    print(common.format_table(forms, ("form", "ns_per_call", "ns_over_unpatched")))
-    png = None
-    if not args.no_plot and rows:
-        png = out_dir / "host_overhead.png"
-        plot(rows, png, device)
-    print(f"\nhost_overhead: {len(rows)} rows in {payload['config']['wall_s']} s -> {json_path}"
-          + (f", {png}" if png else ""))
-    return payload
+    tables = [common.format_table(rows, TABLE_COLUMNS),
+              common.format_table(payload["summary"], ("provider", "worst_ratio", "worst_at",
+                                                       "median_ratio", "worst_ratio_best_of",
+                                                       "worst_ratio_to_floor")),
+              common.format_table(forms, ("form", "ns_per_call", "ns_over_unpatched"))]
+    draw = None if args.no_plot or not rows else (lambda png: plot(rows, png, device))
+    return common.write_results("host_overhead", out_dir, payload, tables=tables, plot=draw,
+                                count=f"{len(rows)} rows")
 
 
 if __name__ == "__main__":

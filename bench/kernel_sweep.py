@@ -307,17 +307,12 @@ def main(argv=None) -> dict:
                    **vars(cfg), **prepared, "seed": args.seed,
                    "wall_s": round(time.perf_counter() - t0, 1)},
     }
-    json_path = common.write_json(out_dir / "kernel_sweep.json", payload)
-    print(common.format_table(rows, TABLE_COLUMNS))
-    print()
-    print(common.format_table(summary(rows), ("provider", "launches", "host_syncs", "d2h_bytes")))
-    png = None
-    if not args.no_plot and rows:
-        png = out_dir / "kernel_sweep.png"
-        plot(rows, png, device)
-    print(f"\nkernel_sweep: {len(rows)} rows in {payload['config']['wall_s']} s -> {json_path}"
-          + (f", {png}" if png else ""))
-    return payload
+    tables = [common.format_table(rows, TABLE_COLUMNS),
+              common.format_table(summary(rows), ("provider", "launches", "host_syncs",
+                                                  "d2h_bytes"))]
+    draw = None if args.no_plot or not rows else (lambda png: plot(rows, png, device))
+    return common.write_results("kernel_sweep", out_dir, payload, tables=tables, plot=draw,
+                                count=f"{len(rows)} rows")
 
 
 if __name__ == "__main__":
