@@ -117,7 +117,7 @@ def _run_quiet(cmd: Sequence[str], cwd=None) -> Optional[str]:
 
 def kernel_backend(device: torch.device) -> str:
     """How the fused kernel runs here: ``triton``, ``interpreter`` or ``reference``."""
-    from spec_fused.kernels.publish_gather import backend_for
+    from spec_fused.kernels.backend import backend_for
 
     return backend_for(device)
 

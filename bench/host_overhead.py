@@ -85,7 +85,7 @@ def _floor_providers(device):
     """An empty Triton launch: directly through a bound compiled kernel, and via
     ``kernel[grid]`` - the least any one-launch relay can cost the host (CUDA only)."""
     from bench.kernel_sweep import _floor_kernel
-    from spec_fused.kernels.launcher import bind
+    from spec_fused.kernels.direct_launch import bind
 
     scratch = torch.zeros(1, dtype=torch.int64, device=device)
     compiled = _floor_kernel[(1,)](scratch)

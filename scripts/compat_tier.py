@@ -20,9 +20,16 @@ newer release the package index serves, which must run or be refused cleanly) th
 4. writes ``tests/compat/results.json``; ``table`` renders it as the README's
    compatibility table.
 
+``record`` writes what the tier tested into the package: the fingerprints (signature and
+code) of every SGLang function the patch touches, per listed release
+(``spec_fused/integration/tested_code.py``, which ``code_check`` holds the installed
+SGLang to). The CI run checks that the committed record is exactly what the listed
+releases' wheels contain (``record --check``).
+
     python scripts/compat_tier.py                    # every release, the CI run
     python scripts/compat_tier.py --releases 0.5.19  # one
     python scripts/compat_tier.py table --readme README.md
+    python scripts/compat_tier.py record [--check]
 
 Exit status 1 when a tested release fails anything (a newer release's result is reported
 and never fails the run: the list has not claimed it yet).
@@ -43,11 +50,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from spec_fused.integration import code_check  # noqa: E402
 from spec_fused.releases import TESTED_RELEASES, parse, support_status  # noqa: E402
 
 COMPAT_DIR = ROOT / ".compat"
 STUBS = ROOT / "tests" / "compat" / "stubs"
 RESULTS = ROOT / "tests" / "compat" / "results.json"
+TESTED_CODE = ROOT / "spec_fused" / "integration" / "tested_code.py"
 LIGHT_PY = ROOT / ".venv" / "bin" / "python"
 HEAVY_PY = ROOT / ".venv-sched" / "bin" / "python"
 BELOW_RANGE = "0.5.14"  # the last release before the shared relay: must be refused
@@ -327,6 +336,53 @@ def cmd_table(args) -> int:
     return 0
 
 
+def recorded_code(releases=TESTED_RELEASES) -> dict:
+    """``{release: {module: {qualname: fingerprint}}}`` read from each release's wheel."""
+    out = {}
+    for release in releases:
+        root = overlay(release)
+        out[release] = {
+            module: code_check.fingerprint_source_file(
+                root / (module.replace(".", "/") + ".py"), names)
+            for module, names in code_check.CHECKED.items()}
+    return out
+
+
+def render_tested_code(record: dict) -> str:
+    lines = ['"""The code of every listed SGLang release that spec_fused patches or relies on:',
+             "``{release: {module: {function: '(signature)|code hash'}}}``.",
+             "",
+             "Written by ``python scripts/compat_tier.py record`` from each release's wheel; the",
+             "CI run checks it (``record --check``). Do not edit by hand.",
+             '"""', "", "TESTED_CODE = {"]
+    for release in sorted(record, key=parse):
+        lines.append(f"    {release!r}: {{")
+        for module, names in record[release].items():
+            lines.append(f"        {module!r}: {{")
+            for name, fp in names.items():
+                lines.append(f"            {name!r}:")
+                lines.append(f"                {fp!r},")
+            lines.append("        },")
+        lines.append("    },")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_record(args) -> int:
+    text = render_tested_code(recorded_code())
+    if args.check:
+        committed = TESTED_CODE.read_text() if TESTED_CODE.exists() else ""
+        if committed != text:
+            print(f"{TESTED_CODE.relative_to(ROOT)} is not what the listed releases contain; "
+                  f"run: python scripts/compat_tier.py record", file=sys.stderr)
+            return 1
+        print(f"{TESTED_CODE.relative_to(ROOT)}: matches {len(TESTED_RELEASES)} releases")
+        return 0
+    TESTED_CODE.write_text(text)
+    print(f"wrote {TESTED_CODE.relative_to(ROOT)} ({len(TESTED_RELEASES)} releases)")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python scripts/compat_tier.py",
                                      description=__doc__.split("\n\n")[0])
@@ -339,8 +395,16 @@ def main(argv=None) -> int:
     table = sub.add_parser("table", help="render the results as the README's table")
     table.add_argument("--results", default=str(RESULTS))
     table.add_argument("--readme", help="write it between the README's markers")
+    record = sub.add_parser("record", help="write the tested releases' code fingerprints "
+                                           "into the package")
+    record.add_argument("--check", action="store_true",
+                        help="only check that the committed record is current")
     args = parser.parse_args(argv)
-    return cmd_table(args) if args.cmd == "table" else cmd_run(args)
+    if args.cmd == "table":
+        return cmd_table(args)
+    if args.cmd == "record":
+        return cmd_record(args)
+    return cmd_run(args)
 
 
 if __name__ == "__main__":

@@ -3,18 +3,25 @@
 Upstream PR #29232 set out to replace ``is_dflash()`` special cases in SGLang's shared
 scheduler code with per-worker capabilities, deleted the special cases, and never added
 the capabilities: since 0.5.15 every algorithm pays the WAR barrier and an exact host
-mirror of ``seq_lens``. This module is the missing piece. Two questions decide the relay:
+mirror of ``seq_lens``. This module is the missing piece. Two claims decide the relay:
 
 * ``needs_war_barrier``: must the scheduler's next shared-buffer writes wait for this
-  forward's reads? (DFLASH plans KV writes from its own reserved allocation, so no.)
+  forward's reads?
 * ``host_seq_lens``: what host lengths the step needs: ``"exact"`` (a host copy of the
   device lengths), ``"reserved"`` (the worker plans with its own KV-allocation bound and
   accepts ``seq_lens_cpu=None``), or ``"none"`` (every attention backend opts out).
 
-Precedence, lowest first: the table below < attributes of the spec worker
-(``needs_war_barrier``, ``host_seq_lens``, the hook the PR intended) < attention backends
-(``needs_cpu_seq_lens``) < environment (``SPEC_FUSED_WAR_BARRIER``,
-``SPEC_FUSED_HOST_SEQ_LENS``). NGRAM and two-batch overlap force ``"exact"`` as upstream.
+Each claim keeps the layer that set it, because each is held to account on its own.
+Layers, lowest first: the table below < the spec worker's own attributes
+(``needs_war_barrier``, ``host_seq_lens``: the hook the PR intended) < the attention
+backends (``needs_cpu_seq_lens``, host lengths only) < what upstream forces (NGRAM and
+two-batch overlap: exact host lengths, which nothing below may lift) < the environment
+(``SPEC_FUSED_WAR_BARRIER``, ``SPEC_FUSED_HOST_SEQ_LENS``; a host-length override that
+is not safe for the configuration is refused and recorded in ``refused``). Then
+:func:`establish` holds every claim that still comes from the table to the installed
+worker: the barrier is dropped only where the worker fences its own shared writes, the
+worker itself declares ``needs_war_barrier=False``, or ``SPEC_FUSED_WAR_BARRIER=0``; host
+lengths are left out only where upstream leaves them out too.
 """
 
 from __future__ import annotations
@@ -23,9 +30,13 @@ import os
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal, Mapping, Optional
 
+from spec_fused import upstream
+
 HostSeqLens = Literal["exact", "reserved", "none"]
 HOST_SEQ_LENS_VALUES = ("exact", "reserved", "none")
 Variant = Literal["barrier_free", "war_guarded"]
+# Where a claim came from. "forced": upstream forces it (nothing may lift it).
+SOURCES = ("table", "worker", "backends", "forced", "installed", "env")
 
 ENV_WAR_BARRIER = "SPEC_FUSED_WAR_BARRIER"
 ENV_HOST_SEQ_LENS = "SPEC_FUSED_HOST_SEQ_LENS"
@@ -33,6 +44,7 @@ ENV_HOST_SEQ_LENS = "SPEC_FUSED_HOST_SEQ_LENS"
 __all__ = [
     "SpecCaps",
     "caps_for",
+    "decide",
     "describe",
     "establish",
     "installed_algorithms",
@@ -44,11 +56,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class SpecCaps:
+    """The two claims, each with the layer that set it and why."""
+
     needs_war_barrier: bool
     host_seq_lens: HostSeqLens
-    reason: str = ""
-    # Which layer decided last: "table", "worker", "backends", "env" or "installed".
-    source: str = "table"
+    reason: str = ""  # the declaration's reason (both claims), as the table gives it
+    barrier_source: str = "table"
+    host_source: str = "table"
+    barrier_reason: Optional[str] = None  # None: ``reason``
+    host_reason: Optional[str] = None
+    refused: tuple = ()  # overrides that were not applied, each with why
 
     def __post_init__(self):
         if self.host_seq_lens not in HOST_SEQ_LENS_VALUES:
@@ -56,6 +73,37 @@ class SpecCaps:
                 f"host_seq_lens must be one of {HOST_SEQ_LENS_VALUES}, got {self.host_seq_lens!r}")
         if not isinstance(self.needs_war_barrier, bool):
             raise TypeError("needs_war_barrier must be a bool")
+        for source in (self.barrier_source, self.host_source):
+            if source not in SOURCES:
+                raise ValueError(f"unknown claim source {source!r}; one of {SOURCES}")
+
+    def why_barrier(self) -> str:
+        return self.reason if self.barrier_reason is None else self.barrier_reason
+
+    def why_host(self) -> str:
+        return self.reason if self.host_reason is None else self.host_reason
+
+    @property
+    def source(self) -> str:
+        return f"barrier:{self.barrier_source} host:{self.host_source}"
+
+    def explain(self) -> str:
+        """One line: both claims, where each came from and why (doctor, logs)."""
+        barrier, host = self.why_barrier(), self.why_host()
+        if barrier == host:
+            text = f"{barrier} [{self.source}]"
+        else:
+            text = (f"barrier ({self.barrier_source}): {barrier}; host lengths "
+                    f"({self.host_source}): {host}")
+        if self.refused:
+            text += "; refused: " + "; ".join(self.refused)
+        return text
+
+    def with_barrier(self, value: bool, source: str, why: str) -> "SpecCaps":
+        return replace(self, needs_war_barrier=value, barrier_source=source, barrier_reason=why)
+
+    def with_host(self, value: str, source: str, why: str) -> "SpecCaps":
+        return replace(self, host_seq_lens=value, host_source=source, host_reason=why)
 
 
 _SAFE = "shares the scheduler's buffers and reads exact host lengths: upstream's default"
@@ -63,15 +111,14 @@ _SAFE = "shares the scheduler's buffers and reads exact host lengths: upstream's
 # Defaults for every builtin SpeculativeAlgorithm member of SGLang 0.5.23, with why.
 _TABLE: dict[str, SpecCaps] = {
     # The design PR #29232 meant: DFLASH plans KV from its reserved allocation and fences
-    # its own shared req_to_token writes. establish() checks both against the installed
-    # worker (0.5.14 fenced with verify_done; 0.5.15+ dropped the fence, so there the
-    # barrier stays and only the host-length half applies).
+    # its own shared req_to_token writes. establish() checks both claims against the
+    # installed worker (0.5.14 fenced with verify_done; 0.5.15+ dropped the fence, so
+    # there the barrier stays and only the host-length half applies).
     "DFLASH": SpecCaps(
         False, "reserved",
         "plans verify/draft KV from its reserved allocation (nxt_kv_lens_cpu; "
-        "reserved_seq_lens_cpu up to 0.5.18) when "
-        "seq_lens_cpu is None (dflash_worker_v2.py); exempt from the WAR barrier before "
-        "PR #29232"),
+        "reserved_seq_lens_cpu up to 0.5.18) when seq_lens_cpu is None "
+        "(dflash_worker_v2.py); exempt from the WAR barrier before PR #29232"),
     # DSPARK reuses DFlashDraftInputV2's bound when seq_lens_cpu is None, but its compact
     # KV inject reads req_to_token after verify's read-done (dspark_kv_inject.py) and its
     # ragged-verify confidence relay is gated on publish_ready: kept on upstream's path.
@@ -87,9 +134,11 @@ _TABLE: dict[str, SpecCaps] = {
     # Tolerates seq_lens_cpu=None but then syncs for its own sum (frozen_kv_mtp_worker_v2).
     "FROZEN_KV_MTP": SpecCaps(True, "exact", "EAGLE-family worker (is_eagle()); " + _SAFE),
     "STANDALONE": SpecCaps(True, "exact", "runs the EAGLE v2 verify path; " + _SAFE),
+    # Upstream's decide_needs_cpu_seq_lens forces host lengths for NGRAM on any backend.
     "NGRAM": SpecCaps(
         True, "exact",
-        "USE_FULL_MASK verify sizes the tree mask from seq_lens_cpu on any backend"),
+        "USE_FULL_MASK verify sizes the tree mask from seq_lens_cpu on any backend "
+        "(upstream forces host lengths for NGRAM)", host_source="forced"),
     "NONE": SpecCaps(True, "exact", "non-speculative overlap: no length relay to fuse"),
 }
 _REGISTERED: dict[str, SpecCaps] = {}
@@ -126,10 +175,13 @@ def known_algorithms() -> list[str]:
 
 
 def register_caps(name: str, caps: SpecCaps) -> None:
-    """Declare the capabilities of a plugin algorithm (``SpeculativeAlgorithm.register``)."""
+    """Declare the capabilities of a plugin algorithm (``SpeculativeAlgorithm.register``).
+    Its author speaks for its worker, so both claims count as the worker's own."""
     if not isinstance(caps, SpecCaps):
         raise TypeError("caps must be a SpecCaps")
-    _REGISTERED[algorithm_name(name)] = caps
+    _REGISTERED[algorithm_name(name)] = replace(
+        caps, barrier_source="worker" if caps.barrier_source == "table" else caps.barrier_source,
+        host_source="worker" if caps.host_source == "table" else caps.host_source)
 
 
 def _table_caps(name: str) -> SpecCaps:
@@ -163,126 +215,112 @@ def _parse_host_env(env: Mapping[str, str]) -> Optional[str]:
         f"{', '.join(HOST_SEQ_LENS_VALUES)}")
 
 
+def _backends_need_host_lengths(attn_backends: Optional[Iterable]) -> Optional[bool]:
+    """SGLang's ``decide_needs_cpu_seq_lens`` OR (None entries skipped, a backend without
+    the flag needs lengths); None when the backends are not known."""
+    if attn_backends is None:
+        return None
+    backends = [b for b in attn_backends if b is not None]
+    if not backends:
+        return None
+    return any(getattr(b, "needs_cpu_seq_lens", True) for b in backends)
+
+
+def _unsafe_host_override(value: str, caps: SpecCaps, backends_need: Optional[bool]
+                          ) -> Optional[str]:
+    """Why ``SPEC_FUSED_HOST_SEQ_LENS=value`` is not safe here, or None when it is.
+    Exact host lengths are always safe; anything less only where upstream itself would
+    hand the step no host lengths (every attention backend opts out) and nothing forces
+    them."""
+    if value == "exact":
+        return None
+    if caps.host_source == "forced":
+        return f"{caps.why_host()}"
+    if backends_need is None:
+        return "the attention backends' need for host lengths is not known here"
+    if backends_need:
+        return "an attention backend reads host lengths (needs_cpu_seq_lens)"
+    return None
+
+
 def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None,
              env: Optional[Mapping[str, str]] = None,
-             two_batch_overlap: bool = False) -> SpecCaps:
-    """The relay capabilities of ``algorithm`` as it runs here (see the module docstring
-    for the precedence). ``attn_backends`` follows SGLang's ``decide_needs_cpu_seq_lens``:
-    ``None`` entries are skipped and a backend without the flag counts as needing lengths."""
+             two_batch_overlap: Optional[bool] = False) -> SpecCaps:
+    """The relay capabilities of ``algorithm`` as declared by every layer (see the module
+    docstring for the order). ``two_batch_overlap=None`` means it could not be told, and
+    counts as on: exact host lengths, as upstream forces them under TBO."""
     name = algorithm_name(algorithm)
     caps = _table_caps(name)
     if worker is not None:
         barrier = getattr(worker, "needs_war_barrier", None)
         host = getattr(worker, "host_seq_lens", None)
+        who = type(worker).__name__
         if isinstance(barrier, bool):
-            caps = replace(caps, needs_war_barrier=barrier, source="worker",
-                           reason=f"{type(worker).__name__}.needs_war_barrier={barrier}")
-        if isinstance(host, str):
-            caps = replace(caps, host_seq_lens=host, source="worker",
-                           reason=f"{type(worker).__name__}.host_seq_lens={host!r}")
-    if attn_backends is not None:
-        backends = [b for b in attn_backends if b is not None]
-        if backends and not any(getattr(b, "needs_cpu_seq_lens", True) for b in backends):
-            caps = replace(caps, host_seq_lens="none", source="backends",
-                           reason="every attention backend sets needs_cpu_seq_lens=False")
-    if name == "NGRAM" or two_batch_overlap:
-        why = "NGRAM verify reads seq_lens_cpu" if name == "NGRAM" else \
-            "two-batch overlap splits batches on host lengths"
-        if caps.host_seq_lens != "exact":
-            caps = replace(caps, host_seq_lens="exact", source="backends", reason=why)
+            caps = caps.with_barrier(barrier, "worker", f"{who}.needs_war_barrier={barrier}")
+        if isinstance(host, str) and caps.host_source != "forced":
+            caps = caps.with_host(host, "worker", f"{who}.host_seq_lens={host!r}")
+    backends_need = _backends_need_host_lengths(attn_backends)
+    if backends_need is False and caps.host_source != "forced":
+        caps = caps.with_host("none", "backends",
+                              "every attention backend sets needs_cpu_seq_lens=False")
+    if two_batch_overlap is not False:
+        caps = caps.with_host(
+            "exact", "forced",
+            "two-batch overlap splits batches on host lengths (upstream forces them)"
+            if two_batch_overlap else "two-batch overlap could not be ruled out")
     env = os.environ if env is None else env
     barrier = _parse_bool_env(env, ENV_WAR_BARRIER)
     host = _parse_host_env(env)
     if barrier is not None:
-        caps = replace(caps, needs_war_barrier=barrier, source="env",
-                       reason=f"{ENV_WAR_BARRIER}={int(barrier)}")
+        caps = caps.with_barrier(barrier, "env", f"{ENV_WAR_BARRIER}={int(barrier)}")
     if host is not None:
-        caps = replace(caps, host_seq_lens=host, source="env",
-                       reason=f"{ENV_HOST_SEQ_LENS}={host}")
+        unsafe = _unsafe_host_override(host, caps, backends_need)
+        if unsafe is None:
+            caps = caps.with_host(host, "env", f"{ENV_HOST_SEQ_LENS}={host}")
+        else:
+            caps = replace(caps, refused=caps.refused + (
+                f"{ENV_HOST_SEQ_LENS}={host} for {name}: {unsafe}",))
     return caps
-
-
-# ------------------------------------------------------------------ the installed worker
-
-
-def _module_source(module: str) -> Optional[str]:
-    """A module's source text without importing it (the workers pull the model stack)."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec(module)
-        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-            return None
-        with open(spec.origin, encoding="utf-8") as fh:
-            return fh.read()
-    except Exception:
-        return None
-
-
-# The draft input's KV-allocation bound, by the name each release gives it:
-# ``reserved_seq_lens_cpu`` in 0.5.15 ... 0.5.18, ``nxt_kv_lens_cpu`` from 0.5.19 on.
-_DFLASH_BOUND_FIELDS = ("nxt_kv_lens_cpu", "reserved_seq_lens_cpu")
-
-
-def _dflash_plans_with_reserved_bound() -> bool:
-    # Every release 0.5.15 ... 0.5.23 has both fallbacks, in the draft plan and in verify:
-    #   if batch.seq_lens_cpu is not None: ...
-    #   elif draft_input.<bound> is not None:  # "GPU-only backend: reserved is a safe
-    #       seq_lens_cpu.copy_(draft_input.<bound>)   over-estimate"
-    # (0.5.22+ also plans KV locations from ``... else draft_input.nxt_kv_lens_cpu``).
-    worker = _module_source("sglang.srt.speculative.dflash_worker_v2") or ""
-    info = _module_source("sglang.srt.speculative.dflash_info_v2") or ""
-    if "batch.seq_lens_cpu is not None" not in worker:
-        return False
-    return any(f"{field}: Optional" in info
-               and worker.count(f"elif draft_input.{field} is not None") >= 2
-               and f"seq_lens_cpu.copy_(draft_input.{field})" in worker
-               for field in _DFLASH_BOUND_FIELDS)
-
-
-def _dflash_fences_own_shared_writes() -> bool:
-    # 0.5.14: the plan stream waits ``verify_done`` before writing req_to_token.
-    info = _module_source("sglang.srt.speculative.dflash_info_v2") or ""
-    return "verify_done" in info and "wait_event(self.verify_done)" in info
-
-
-# How the table's two optimistic claims are checked against the installed worker, per
-# algorithm; one without a check is held to upstream's (barrier, exact lengths).
-_RESERVED_BOUND_CHECKS = {"DFLASH": _dflash_plans_with_reserved_bound}
-_FENCE_CHECKS = {"DFLASH": _dflash_fences_own_shared_writes}
-
-
-def plans_with_reserved_bound(algorithm) -> bool:
-    """Whether the installed worker plans with its own KV-allocation bound when
-    ``batch.seq_lens_cpu`` is None (DFLASH 0.5.23: ``draft_input.nxt_kv_lens_cpu``)."""
-    check = _RESERVED_BOUND_CHECKS.get(algorithm_name(algorithm))
-    return bool(check and check())
-
-
-def fences_own_shared_writes(algorithm) -> bool:
-    """Whether the installed worker orders its shared ``req_to_token`` writes behind the
-    previous verify itself (DFLASH 0.5.14: the plan stream waits ``verify_done``), so the
-    scheduler-wide WAR barrier is redundant for it."""
-    check = _FENCE_CHECKS.get(algorithm_name(algorithm))
-    return bool(check and check())
 
 
 def establish(caps: SpecCaps, algorithm) -> SpecCaps:
-    """Hold the table and worker layers to what the installed SGLang actually does: skip
-    the WAR barrier only for a worker that fences its own shared writes, hand a reserved
-    bound only to a worker that plans with one. Only the table's defaults are held to
-    account: what a worker declares about itself, or an explicit environment setting, stands."""
-    if caps.source != "table":
-        return caps
-    if not caps.needs_war_barrier and not fences_own_shared_writes(algorithm):
-        caps = replace(caps, needs_war_barrier=True, source="installed",
-                       reason=_join("WAR barrier kept: the installed worker does not fence "
-                                    "its own req_to_token writes (no verify_done)", caps.reason))
-    if caps.host_seq_lens == "reserved" and not plans_with_reserved_bound(algorithm):
-        caps = replace(caps, host_seq_lens="exact", source="installed",
-                       reason=_join("exact host lengths: the installed worker does not plan "
-                                    "with a reserved bound", caps.reason))
+    """Hold every claim that still comes from the table to what the installed SGLang
+    actually does. A claim set by a later layer (the worker's own declaration, the
+    backends, upstream's forcing, an explicit environment setting) stands, whatever
+    happened to the other claim.
+
+    * The WAR barrier is skipped only for a worker that fences its own shared writes
+      (DFLASH 0.5.14's ``verify_done``; no release from 0.5.15 on has it).
+    * A reserved bound from the table becomes exact host lengths. Upstream hands its
+      workers the bound only where ``seq_lens_cpu`` is None, i.e. where every attention
+      backend opts out of host lengths ("GPU-only backend: reserved is a safe
+      over-estimate", dflash_worker_v2.py) - and there the backends layer has already
+      made the claim ``none``. Where a backend reads host lengths, upstream gives exact
+      ones (the worker plans with committed + one verify block), and so does this."""
+    name = algorithm_name(algorithm)
+    if caps.barrier_source == "table" and not caps.needs_war_barrier \
+            and not upstream.fences_own_shared_writes(name):
+        caps = caps.with_barrier(True, "installed", _join(
+            "WAR barrier kept: the installed worker does not fence its own req_to_token "
+            "writes (no verify_done)", caps.why_barrier()))
+    if caps.host_source == "table" and caps.host_seq_lens == "reserved":
+        bound = upstream.plans_with_reserved_bound(name)
+        caps = caps.with_host("exact", "installed", _join(
+            "exact host lengths: the installed worker plans with its reserved bound only "
+            "where every attention backend opts out of host lengths" if bound else
+            "exact host lengths: the installed worker does not plan with a reserved bound",
+            caps.why_host()))
     return caps
+
+
+def decide(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None,
+           env: Optional[Mapping[str, str]] = None,
+           two_batch_overlap: Optional[bool] = False) -> SpecCaps:
+    """What production runs: :func:`caps_for` held to the installed worker by
+    :func:`establish`. The scheduler patch, the relay, the benchmarks and ``doctor`` all
+    take their decision from here."""
+    return establish(caps_for(algorithm, worker=worker, attn_backends=attn_backends, env=env,
+                              two_batch_overlap=two_batch_overlap), algorithm)
 
 
 def _join(finding: str, reason: str) -> str:
@@ -300,7 +338,8 @@ def select_variant(caps: SpecCaps) -> Variant:
     return "war_guarded"
 
 
-def describe(env: Optional[Mapping[str, str]] = None) -> list[dict]:
+def describe(env: Optional[Mapping[str, str]] = None, *, attn_backends=None,
+             two_batch_overlap: Optional[bool] = False) -> list[dict]:
     """The capability table, as declared and as established against the installed SGLang,
     with the chosen variant for every known algorithm (``spec-fused doctor``)."""
     rows = []
@@ -308,15 +347,21 @@ def describe(env: Optional[Mapping[str, str]] = None) -> list[dict]:
     for name in known_algorithms():
         in_sglang = installed is None or name in installed or name in _REGISTERED
         try:
-            declared = caps_for(name, env=env)
+            declared = caps_for(name, env=env, attn_backends=attn_backends,
+                                two_batch_overlap=two_batch_overlap)
         except (KeyError, ValueError) as exc:
             rows.append({"algorithm": name, "error": str(exc).strip('"'),
                          "in_sglang": in_sglang})
             continue
         caps = establish(declared, name)
-        reason = caps.reason if in_sglang else f"not in the installed SGLang; {caps.reason}"
+        reason = caps.explain()
+        if not in_sglang:
+            reason = f"not in the installed SGLang; {reason}"
         rows.append({"algorithm": name, "needs_war_barrier": caps.needs_war_barrier,
                      "host_seq_lens": caps.host_seq_lens, "variant": select_variant(caps),
                      "declared": f"{declared.needs_war_barrier}/{declared.host_seq_lens}",
+                     "barrier_source": caps.barrier_source,
+                     "host_source": caps.host_source,
+                     "refused": list(caps.refused),
                      "reason": reason, "in_sglang": in_sglang})
     return rows

@@ -293,7 +293,7 @@ def plugin_status(env: Optional[Mapping[str, str]] = None) -> dict:
 def backend_reason(device) -> str:
     """One line on why the kernel backend was picked for ``device`` (from the kernel
     module itself, so the reason cannot drift from the choice)."""
-    from spec_fused.kernels.publish_gather import explain_backend
+    from spec_fused.kernels.backend import explain_backend
 
     return explain_backend(device)[1]
 
@@ -316,7 +316,7 @@ def backends() -> dict:
     unless the ``SPEC_FUSED_FORCE_BACKEND=null`` measurement seam is on, or asked for and
     ignored)."""
     try:
-        from spec_fused.kernels import publish_gather as pg
+        from spec_fused.kernels import backend as pg
     except Exception as exc:  # noqa: BLE001 - torch or the kernel module is broken
         return {"cpu": {"backend": "unavailable",
                         "reason": f"cannot import spec_fused.kernels.publish_gather "

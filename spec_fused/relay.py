@@ -6,28 +6,31 @@ synchronize and a host sum. Here ``publish`` only remembers *what* to write (and
 the same ``publish_ready`` event upstream records), and ``resolve`` issues ONE launch
 that publishes, gathers and sums. What the host gets follows :mod:`spec_fused.caps`:
 
-* host lengths not exact (a reserved bound, or none; both variants): the schedule stream
-  waits for ``publish_ready`` on the device, as upstream's GPU-only path does, and the
-  launch runs there. The host never waits and nothing is copied to it; ``seq_lens_cpu``
-  is ``None`` and a worker that plans with its own bound (DFLASH's ``nxt_kv_lens_cpu``)
-  uses that. ``barrier_free`` differs from ``war_guarded`` here only in the scheduler's
-  WAR barrier (see ``sglang_patch``).
-* exact host lengths (``war_guarded``): the launch runs on a private stream gated on
-  ``publish_ready`` only - it gathers through pinned host indices, so it does not wait
-  for the schedule stream and its WAR barrier - and writes ``bs + 1`` values into a
-  stamped pinned ring. The host waits for that launch alone, never for a pool-sized copy.
+* host lengths not exact (every attention backend opts out, as upstream's GPU-only
+  path): the caller's stream waits for ``publish_ready`` on the device, as upstream's
+  does, and the launch runs there. The host never waits and nothing is copied to it;
+  ``seq_lens_cpu`` and ``seq_lens_sum`` are ``None``, exactly as upstream leaves them.
+* exact host lengths: the launch runs on a private stream gated on ``publish_ready``
+  only - it gathers through pinned host indices, so it does not wait for the schedule
+  stream and its WAR barrier - and writes ``bs + 1`` values into a stamped pinned ring.
+  The host waits for that launch alone, never for a pool-sized copy.
+
+Where it engages: NVIDIA CUDA and CPU. On ROCm (HIP) upstream takes HIP-only branches
+(``publish_ready.synchronize()``, the ``stream_ordered`` resolve) and on XPU, NPU and
+other devices its ordering rests on device semantics this relay was never run on: there
+SGLang's own path runs, with one log line (:func:`unsupported_device`).
 
 The per-step path is a straight line: everything fixed per FutureMap (the buffer, the
 launcher and its backend, the device, whether it has a consume-once flag or relay
 buffers, the private stream) is bound when the relay is made; a step reads its inputs,
-makes one launch and writes the batch's fields. Input checks are the launcher's O(1)
-guard; the full checks run only on what the guard does not recognise, or in debug mode.
+makes one launch and writes the batch's fields.
 
-A publish still pending when anything else reads ``new_seq_lens_buf`` is flushed first
-(see :func:`read_buffer`), and a resolve with nothing to gather flushes too, so no pending
-publish outlives the next forward. Every failure walks down a ladder - Triton kernel ->
-torch reference -> SGLang's own method - logging each reason once, so a request never
-sees a wrong length.
+A publish still pending when anything else reads ``new_seq_lens_buf`` is landed first
+(:meth:`FusedRelay.flush`, on the private stream behind ``publish_ready`` only, then the
+reader's stream waits for it), and a resolve with nothing to gather lands it too, so no
+pending publish outlives the next forward. Every failure walks down a ladder - Triton
+kernel -> torch reference -> SGLang's own method - logging each reason once, so a
+request never sees a wrong length.
 """
 
 from __future__ import annotations
@@ -39,21 +42,16 @@ from typing import Optional
 
 import torch
 
-from spec_fused.caps import (
-    SpecCaps,
-    caps_for,
-    establish,
-    plans_with_reserved_bound,
-    select_variant,
-)
-from spec_fused.kernels.publish_gather import (
+from spec_fused import upstream
+from spec_fused.caps import SpecCaps, decide, select_variant
+from spec_fused.kernels.backend import explain_relay_backend
+from spec_fused.kernels.checks import (
     InputError,
     InputTypeError,
     PoisonedSlotError,
-    PublishGather,
     StaleHostMirrorError,
-    explain_relay_backend,
 )
+from spec_fused.kernels.step_launcher import PublishGather
 
 logger = logging.getLogger("spec_fused")
 
@@ -64,9 +62,12 @@ BUF_ATTR = "new_seq_lens_buf"
 
 _logged: set = set()
 _live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()
-# Errors that are the caller's (bad input) or a caught bug, not a reason to change backend.
-_NOT_A_BACKEND_FAILURE = (ValueError, TypeError, AssertionError, PoisonedSlotError,
-                          StaleHostMirrorError)
+# What is the caller's fault (bad input, raised before anything is written) or a caught
+# bug (SGLang's own debug assertions, the consume-once and stamp checks): raised to the
+# caller, never a reason to change backend. Anything else a launch raises - Triton's
+# launcher raises ValueError/TypeError for its own failures too - is the backend's.
+NOT_A_BACKEND_FAILURE = (InputError, InputTypeError, AssertionError, PoisonedSlotError,
+                         StaleHostMirrorError)
 
 
 def log_once(key, msg, *args, level=logging.WARNING) -> None:
@@ -111,11 +112,82 @@ def _sglang_poisons_seq_lens() -> bool:
         return False
 
 
-class _BackendsDecision:
+def unsupported_device(device) -> Optional[str]:
+    """Why the relay does not engage on ``device`` (SGLang's own path runs), or None."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None
+    if device.type == "cuda":
+        if getattr(torch.version, "hip", None):
+            return ("ROCm (HIP): upstream takes HIP-only branches here (publish_ready."
+                    "synchronize(), the stream_ordered resolve) that spec_fused does not "
+                    "reproduce")
+        return None
+    return (f"{device.type}: spec_fused's ordering was only ever run on NVIDIA CUDA and "
+            f"CPU")
+
+
+class BackendsDecision:
     """The attention backends' OR-ed ``needs_cpu_seq_lens``, as FutureMap received it."""
 
     def __init__(self, needs_cpu_seq_lens: bool):
         self.needs_cpu_seq_lens = needs_cpu_seq_lens
+
+
+def future_map_caps(fm, *, worker=None, server_args=None) -> SpecCaps:
+    """The production decision for ``fm``: the algorithm's capabilities with the
+    backends' need as the FutureMap received it, two-batch overlap read the way the
+    installed release reads it, and the worker when the scheduler knows it. Overrides
+    that were refused are logged here, once each."""
+    tbo, how = upstream.two_batch_overlap(server_args)
+    if tbo is None:
+        log_once(("tbo-unknown", how), "cannot tell whether two-batch overlap is on (%s); "
+                 "exact host lengths, as upstream gives them under it", how)
+    caps = decide(fm.spec_algo, worker=worker,
+                  attn_backends=[BackendsDecision(bool(fm.needs_cpu_seq_lens))],
+                  two_batch_overlap=tbo)
+    for refused in caps.refused:
+        log_once(("refused", refused), "override refused: %s", refused)
+    return caps
+
+
+class CudaOps:
+    """Every CUDA call the relay makes, in one place: the stream, event and capture
+    logic is then exercised on a CPU by a stand-in that records what was called, in
+    order (tests/test_stream_order.py), and run for real by tests/test_gpu.py."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.current_stream = lambda: torch.cuda.current_stream(self.device)
+        self.capturing = torch.cuda.is_current_stream_capturing
+        self.stream_ctx = torch.cuda.stream
+        self.event = torch.cuda.Event
+
+    def new_stream(self, avoid: set):
+        """A high-priority stream that is none of ``avoid`` (raw handles). CUDA hands
+        streams out round-robin from a fixed pool per priority, so a fresh ``Stream()``
+        can be one SGLang already uses (its own ``allocate_distinct_stream`` guards
+        against that); SGLang's scheduler streams are priority 0, so this draws from the
+        high-priority pool, and checks all the same."""
+        for _ in range(65):
+            stream = torch.cuda.Stream(self.device, priority=-1)
+            if stream.cuda_stream not in avoid:
+                return stream
+        raise RuntimeError("spec_fused: unable to allocate a stream distinct from SGLang's")
+
+    @staticmethod
+    def handle(stream) -> int:
+        return stream.cuda_stream
+
+    @staticmethod
+    def record_stream(tensor, stream) -> None:
+        if tensor.device.type == "cuda":
+            tensor.record_stream(stream)
+
+
+def ops_for(device) -> Optional[CudaOps]:
+    """The CUDA calls for a relay on ``device``; None where the device is the host."""
+    return CudaOps(device) if torch.device(device).type == "cuda" else None
 
 
 class FusedRelay:
@@ -130,12 +202,10 @@ class FusedRelay:
     carry it into the next forward's inputs. Those readers are ordered by torch's caching
     allocator (``record_stream``) and SGLang's keep-alive buffers, i.e. by reference
     lifetime, not by a step count: a ring of any fixed depth can be overwritten while a
-    batch still holds a slot (a running batch left unscheduled behind prefills, read by
-    ``merge_batch`` after more resolves than the ring is deep), and the exact path writes
-    from a private stream that is deliberately not ordered behind the schedule stream.
-    So the result is allocated like upstream's ``new_seq_lens_buf[fi]`` is; what is
-    bound once is everything else (``out_sum``, the host ring, the staging buffer, the
-    compiled kernel).
+    batch still holds a slot, and the exact path writes from a private stream that is
+    deliberately not ordered behind the schedule stream. So the result is allocated like
+    upstream's ``new_seq_lens_buf[fi]`` is; what is bound once is everything else
+    (``out_sum``, the host ring, the staging buffer, the compiled kernel).
 
     Why a consumed publish is kept one more step (``landed``): its tensors come from the
     forward stream and the launch that reads them runs on another stream. Keeping a
@@ -144,12 +214,13 @@ class FusedRelay:
     forward waits for the schedule stream (``forward_stream.wait_stream``) and so for the
     launch - the guarantee ``record_stream`` would give, without a call per tensor."""
 
-    def __init__(self, future_map, caps: SpecCaps, *, debug: bool):
+    def __init__(self, future_map, caps: SpecCaps, *, debug: bool, ops=None):
         self.future_map_ref = weakref.ref(future_map)
         self.debug = debug
         buf = future_map.__dict__[BUF_ATTR]
         self.device = buf.device
-        self.on_cuda = buf.device.type == "cuda"
+        self.ops = ops_for(buf.device) if ops is None else ops
+        self.on_cuda = self.ops is not None
         backend, _ = explain_relay_backend(buf.device)
         self.launcher = PublishGather(buf, poison=debug, validate=debug, debug=debug,
                                       backend=backend)
@@ -163,10 +234,11 @@ class FusedRelay:
         self.has_relay_buffers = hasattr(type(future_map), "_relay") or \
             "_relay" in future_map.__dict__
         self.relay_stream = self.done_event = self.relay_stream_ctx = None
+        self._streams_checked = False
         if self.on_cuda:
-            self.relay_stream = torch.cuda.Stream(self.device)
-            self.done_event = torch.cuda.Event()
-            self.relay_stream_ctx = torch.cuda.stream(self.relay_stream)
+            self.relay_stream = self.ops.new_stream(set())
+            self.done_event = self.ops.event()
+            self.relay_stream_ctx = self.ops.stream_ctx(self.relay_stream)
         self._bind_launch()
         _live_relays.add(self)
 
@@ -200,7 +272,7 @@ class FusedRelay:
             # gather would; what can still land of the pending publish does.
             self.settle_pending()
             raise exc
-        if isinstance(exc, _NOT_A_BACKEND_FAILURE) or \
+        if isinstance(exc, NOT_A_BACKEND_FAILURE) or \
                 self.launcher.backend in ("reference", "null"):
             raise exc
         log_once(("kernel", self.device.type, type(exc).__name__),
@@ -210,9 +282,31 @@ class FusedRelay:
         self._bind_launch()
         return self._launch(gi, pi, pv, host)
 
+    def _check_streams(self, fm) -> None:
+        """Once, before the private stream first runs anything: it must be none of the
+        streams SGLang uses (the caller's, the publish's, FutureMap's own D2H stream)."""
+        self._streams_checked = True
+        ops = self.ops
+        avoid = {ops.handle(ops.current_stream())}
+        d2h = getattr(fm, "fwd_prepare_d2h_stream", None)
+        if d2h is not None:
+            avoid.add(ops.handle(d2h))
+        if self._publish_stream is not None:
+            avoid.add(self._publish_stream)
+        if ops.handle(self.relay_stream) in avoid:
+            self.relay_stream = ops.new_stream(avoid)
+            self.relay_stream_ctx = ops.stream_ctx(self.relay_stream)
+
+    _publish_stream: Optional[int] = None  # raw handle of the stream the first publish ran on
+
     # ------------------------------------------------------------------ FutureMap API
 
     def publish(self, fm, indices, new_seq_lens) -> None:
+        if self.on_cuda:
+            if self.ops.capturing():
+                return self._publish_captured(fm, indices, new_seq_lens)
+            if self._publish_stream is None:
+                self._publish_stream = self.ops.handle(self.ops.current_stream())
         if self.pending is not None:  # two publishes without a resolve: keep their order
             self.flush()
         relay = fm._relay if self.has_relay_buffers else None
@@ -222,12 +316,36 @@ class FusedRelay:
             self.pending = (indices, new_seq_lens)
         event = fm.publish_ready  # as upstream: the event other readers gate on
         if event is None:
-            event = fm.publish_ready = torch.get_device_module(self.device).Event()
+            event = fm.publish_ready = self._new_event()
         event.record()
         if self.consume_once_flag:
             fm._publish_fresh = True
 
-    def resolve(self, fm, batch, stream_ordered: bool = False) -> None:
+    def _new_event(self):
+        return self.ops.event() if self.on_cuda else torch.get_device_module(self.device).Event()
+
+    def _publish_captured(self, fm, indices, new_seq_lens) -> None:
+        """A publish made while a CUDA graph is captured lands at once, inside the
+        capture, as upstream's scatter would: a deferred write would be made once, at
+        capture time, and never at replay. A publish still pending from before the
+        capture is landed first, outside it, on the private stream."""
+        if self.pending is not None:
+            log_once("capture-pending", "a publish pending when CUDA-graph capture began was "
+                     "landed outside the capture")
+            self.flush(fence=False)
+        empty = self.launcher.buf[:0]
+        try:
+            self._launch(empty, indices, new_seq_lens, False)
+        except Exception as exc:
+            self._fall_back(exc, empty, indices, new_seq_lens, False)
+        event = fm.publish_ready
+        if event is None:
+            event = fm.publish_ready = self._new_event()
+        event.record()
+        if self.consume_once_flag:
+            fm._publish_fresh = True
+
+    def resolve(self, fm, batch) -> None:
         spec = batch.spec_info
         fi = None if spec is None else spec.future_indices
         if fi is None:
@@ -235,47 +353,39 @@ class FusedRelay:
                 self.flush()
             return
         event = fm.publish_ready
-        if self.consume_once_flag:  # upstream's consume-once arming (0.5.23)
-            if self.debug and not stream_ordered and event is not None:
-                assert fm._publish_fresh, "resolve without a fresh forward publish"
+        if self.debug and self.consume_once_flag and event is not None:
+            # upstream's consume-once check (0.5.16+, under its debug switch)
+            assert fm._publish_fresh, "resolve without a fresh forward publish"
             fm._publish_fresh = False
         exact = self.exact and fm.needs_cpu_seq_lens
-        if self.on_cuda:
-            if exact and not stream_ordered:
-                return self._resolve_exact_cuda(batch, fi, event)
-            if event is not None and not stream_ordered:
-                event.wait()  # as upstream's GPU-only path: the stream waits, on device
+        if exact and self.on_cuda:
+            return self._resolve_exact_cuda(fm, batch, fi, event)
+        if event is not None:
+            event.wait()  # as upstream, on every device: the stream waits, not the host
         pending = self.pending
         pi, pv = pending or (None, None)
         try:
-            out = self._launch(fi, pi, pv, exact)
+            out = self._launch(fi, pi, pv, False)
         except Exception as exc:
-            out = self._fall_back(exc, fi, pi, pv, exact)
+            out = self._fall_back(exc, fi, pi, pv, False)
         self.landed, self.pending = pending, None
         batch.seq_lens = out
         if not exact:
             batch.seq_lens_cpu = None
             batch.seq_lens_sum = None
-        elif not self.on_cuda:
-            # The device is the host: the lengths are the host lengths (as upstream's
-            # ``batch.seq_lens.cpu()``, the same tensor) and the sum is the launch's.
-            batch.seq_lens_cpu = out
-            batch.seq_lens_sum = int(self.launcher.out_sum) if out.numel() else 0
         else:
-            # stream_ordered with exact lengths (HIP's GPU-only variant asked for them):
-            # the launch is on the current stream, so the host waits for that stream.
-            torch.cuda.current_stream(self.device).synchronize()
-            if not out.numel():  # DP-idle
-                batch.seq_lens_cpu, batch.seq_lens_sum = out.cpu(), 0
-            else:
-                batch.seq_lens_cpu, batch.seq_lens_sum = self._read_host(
-                    self.launcher.stamp, out, None)
+            # CPU: the device is the host, so the lengths are the host lengths - as
+            # upstream's ``batch.seq_lens.cpu()``, the same tensor, and its host sum.
+            batch.seq_lens_cpu = out
+            batch.seq_lens_sum = int(out.sum())
 
-    def _resolve_exact_cuda(self, batch, fi, event) -> None:
+    def _resolve_exact_cuda(self, fm, batch, fi, event) -> None:
         """A private stream gated on ``publish_ready`` runs the launch, which writes
         ``bs + 1`` values into the pinned ring; the caller's stream waits for it on the
         device and the host waits for its event only."""
-        cur = torch.cuda.current_stream(self.device)
+        if not self._streams_checked:
+            self._check_streams(fm)
+        cur = self.ops.current_stream()
         stream = self.relay_stream
         gather = self._host_indices(batch, fi)
         if gather is None or event is None:
@@ -301,7 +411,7 @@ class FusedRelay:
         finally:
             cur.wait_event(self.done_event)
         self.landed, self.pending = pending, None
-        out.record_stream(cur)
+        self.ops.record_stream(out, cur)
         wait = self.done_event.synchronize
         wait()  # the host waits for this launch only
         batch.seq_lens = out
@@ -340,27 +450,60 @@ class FusedRelay:
 
     # ------------------------------------------------------------------ other readers
 
-    def flush(self) -> None:
-        """Land a pending publish now (a publish-only launch on the current stream)."""
+    def flush(self, fence: bool = True) -> None:
+        """Land a pending publish now, as a publish-only launch.
+
+        On CUDA it runs on the private stream gated on ``publish_ready`` only, and
+        ``publish_ready`` is re-recorded right after it, so whoever gates on the event
+        (SGLang's ``resolve_mixed_spec_tails``, which blocks the host on it; the next
+        resolve) waits for the forward's publish point plus this launch - never for the
+        schedule stream, which sits behind the WAR barrier (for EAGLE, the whole
+        forward). ``fence``: the caller's stream waits for the landed write too (it is
+        about to read the buffer, or to publish over it)."""
         if self.pending is None:
             return
-        self.fence_current_stream()
         indices, values = self.pending
         empty = self.launcher.buf[:0]
-        try:
-            self._launch(empty, indices, values, False)
-        except Exception as exc:
-            self._fall_back(exc, empty, indices, values, False)
-        self.pending = None
-        self._mark_landed()
-
-    def _mark_landed(self) -> None:
-        """A deferred publish just landed on the current stream: re-record
-        ``publish_ready`` there, so whoever gates on it (the exact path's private stream,
-        SGLang's own readers) waits for this write, not only the original publish."""
+        if not self.on_cuda:
+            try:
+                self._launch(empty, indices, values, False)
+            except Exception as exc:
+                self._fall_back(exc, empty, indices, values, False)
+            self.pending = None
+            return
         fm = self.future_map_ref()
-        if self.on_cuda and fm is not None and fm.publish_ready is not None:
-            fm.publish_ready.record()
+        if not self._streams_checked and fm is not None:
+            self._check_streams(fm)
+        stream = self.relay_stream
+        event = None if fm is None else fm.publish_ready
+        if event is not None:
+            stream.wait_event(event)
+        else:
+            stream.wait_stream(self.ops.current_stream())
+        for t in (indices, values):  # read on the private stream: keep them alive
+            self.ops.record_stream(t, stream)
+        try:
+            with self.relay_stream_ctx:
+                try:
+                    self._launch(empty, indices, values, False)
+                except Exception as exc:
+                    self._fall_back(exc, empty, indices, values, False)
+                finally:
+                    self.pending = None
+                    self._mark_landed(fm, stream)
+        finally:
+            if fence:
+                self.fence_current_stream()
+
+    def _mark_landed(self, fm, stream) -> None:
+        """A deferred publish just landed on ``stream``: re-record ``publish_ready``
+        there, so whoever gates on it waits for this write, not only the original
+        publish."""
+        if fm is None:
+            return
+        if fm.publish_ready is None:
+            fm.publish_ready = self.ops.event()
+        fm.publish_ready.record(stream)
 
     def settle_pending(self) -> None:
         """Land a pending publish with plain torch (what upstream's publish does at once),
@@ -373,23 +516,25 @@ class FusedRelay:
         try:
             self.fence_current_stream()
             self.launcher.buf[indices.long()] = values.to(self.launcher.buf.dtype)
-            self._mark_landed()
+            fm = self.future_map_ref()
+            if self.on_cuda and fm is not None and fm.publish_ready is not None:
+                fm.publish_ready.record()
         except Exception as exc:
             log_once(("unlandable", type(exc).__name__),
                      "a publish that cannot land was dropped (%s: %s)", type(exc).__name__, exc)
 
     def fence_current_stream(self) -> None:
-        """Order the caller's stream after the publish on the device (no host wait), and
-        keep the pending publish's tensors alive until that stream has used them."""
+        """Order the caller's stream after ``publish_ready`` on the device (no host wait),
+        and keep a pending publish's tensors alive until that stream has used them."""
         if not self.on_cuda:
             return
-        cur = torch.cuda.current_stream(self.device)
+        cur = self.ops.current_stream()
         fm = self.future_map_ref()
         if fm is not None and fm.publish_ready is not None:
             cur.wait_event(fm.publish_ready)
         for t in self.pending or ():
-            if t is not None and t.device.type == "cuda":
-                t.record_stream(cur)
+            if t is not None:
+                self.ops.record_stream(t, cur)
 
 
 def relay_for(fm) -> Optional[FusedRelay]:
@@ -409,14 +554,12 @@ def relay_for(fm) -> Optional[FusedRelay]:
         for attr in (BUF_ATTR, "needs_cpu_seq_lens", "publish_ready", "spec_algo"):
             if not hasattr(fm, attr):
                 raise AttributeError(f"FutureMap has no attribute {attr!r}")
-        caps = d.get(CAPS_ATTR) or establish(caps_for(
-            fm.spec_algo, attn_backends=[_BackendsDecision(bool(fm.needs_cpu_seq_lens))]),
-            fm.spec_algo)
-        if caps.host_seq_lens == "reserved" and not plans_with_reserved_bound(fm.spec_algo):
-            log_once(("reserved-without-bound", str(fm.spec_algo)),
-                     "%s: host lengths 'reserved' (%s), but this SGLang's worker does not "
-                     "plan with a reserved bound; it will see seq_lens_cpu=None",
-                     getattr(fm.spec_algo, "name", fm.spec_algo), caps.reason)
+        unsupported = unsupported_device(d[BUF_ATTR].device)
+        if unsupported is not None:
+            log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
+                     unsupported)
+            return None
+        caps = d.get(CAPS_ATTR) or future_map_caps(fm)
         debug = debug_enabled()
         relay = FusedRelay(fm, caps, debug=debug)
     except KeyError as exc:
@@ -454,10 +597,11 @@ def prewarm_for(fm, buf) -> None:
         algo = getattr(fm, "spec_algo", None)
         if algo is None or not algo.is_some() or not isinstance(buf, torch.Tensor):
             return
-        if buf.device.type != "cuda" or str(buf.device) in _prewarmed:
+        if buf.device.type != "cuda" or unsupported_device(buf.device) is not None \
+                or str(buf.device) in _prewarmed:
             return
         _prewarmed.add(str(buf.device))
-        from spec_fused.kernels.publish_gather import prewarm
+        from spec_fused.kernels.backend import prewarm
 
         prewarm(buf.device)
     except Exception as exc:
@@ -485,7 +629,8 @@ def flush_all() -> None:
 
 
 def read_buffer(fm) -> torch.Tensor:
-    """``fm.new_seq_lens_buf`` for anyone outside the relay: a pending publish lands first."""
+    """``fm.new_seq_lens_buf`` for anyone outside the relay: a pending publish lands first
+    (and the reader's stream waits for it)."""
     relay = fm.__dict__.get(RELAY_ATTR)
     if relay is not None and relay.pending is not None:
         try:

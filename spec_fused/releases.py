@@ -8,7 +8,11 @@ from the tier's results for them. Adding a release is one line here, then one ru
 tier.
 
 The range starts at 0.5.15, the first release with PR #29232's shared relay (0.5.14 still
-had DFLASH's direct-carry special case, which spec_fused does not patch).
+had DFLASH's direct-carry special case, which spec_fused does not patch). Inside the
+range the version number is not what decides: the code is. A release whose patched
+functions are, as a whole, those of a tested release runs (an unlisted version with tested
+code runs with one info line); any other is refused, naming the function that changed
+(``integration/code_check.py``, fed by the compat tier's record of every listed release).
 """
 
 from __future__ import annotations
@@ -60,17 +64,17 @@ def parse(version: str) -> Optional[tuple]:
 
 
 class SupportStatus:
-    """``tested`` | ``newer`` (a later patch release of the newest tested minor: runs with
-    a warning, the API probe guarding it) | ``untested`` (inside or beyond the range but
-    not a tested release: refused unless ``SPEC_FUSED_ALLOW_UNTESTED=1``) | ``older``
-    (below the range: refused) | ``unknown`` (not a version string: refused)."""
+    """What the version number alone says: ``tested`` (a listed release) | ``unlisted``
+    (from the range's start on, not listed: whether it runs is decided by its code,
+    ``integration/code_check.py``) | ``older`` (below the range: refused whatever its
+    code) | ``unknown`` (not a version string: its code decides, as for ``unlisted``)."""
 
     def __init__(self, version: str, kind: str, message: str):
         self.version, self.kind, self.message = version, kind, message
 
     @property
-    def runs_by_default(self) -> bool:
-        return self.kind in ("tested", "newer")
+    def refused(self) -> bool:
+        return self.kind == "older"
 
     def __repr__(self) -> str:
         return f"SupportStatus({self.version!r}, {self.kind!r})"
@@ -84,17 +88,13 @@ def support_status(version: str, releases=TESTED_RELEASES) -> SupportStatus:
     if key is None:
         return SupportStatus(version, "unknown",
                              f"SGLang {version!r} is not a release version spec_fused knows "
-                             f"how to compare (tested: {span})")
+                             f"how to compare (tested: {span}); its code decides")
     if key in tested:
         return SupportStatus(version, "tested", f"SGLang {version} is a tested release")
     if key < lo:
         return SupportStatus(version, "older",
                              f"SGLang {version} is older than the releases spec_fused "
                              f"supports ({span}): it predates the shared relay it patches")
-    if key > hi and key[:2] == hi[:2]:
-        return SupportStatus(version, "newer",
-                             f"SGLang {version} is not tested (newest tested: {tested[hi]}); "
-                             f"running because the API probe passed")
-    return SupportStatus(version, "untested",
-                         f"SGLang {version} is not among the tested releases ({span}); set "
-                         f"SPEC_FUSED_ALLOW_UNTESTED=1 to try it")
+    return SupportStatus(version, "unlisted",
+                         f"SGLang {version} is not a listed release (tested: {span}); its "
+                         f"code decides")

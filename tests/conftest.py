@@ -47,7 +47,7 @@ class LaunchCounter:
 def kernel_launches(monkeypatch):
     """Counts real launches of the fused Triton kernel (compiled or interpreted), through
     ``kernel[grid]`` and through the bound direct launch alike."""
-    from spec_fused.kernels import launcher as launcher_mod
+    from spec_fused.kernels import direct_launch as launcher_mod
     from spec_fused.kernels import publish_gather as pg
 
     counter = LaunchCounter()

@@ -1,44 +1,108 @@
-"""The capability model: defaults for every SGLang algorithm, each precedence layer, env errors."""
+"""The capability model over its whole configuration space, against rules written from
+upstream's behaviour (tests/upstream_fixtures.py), never against its own table.
 
+Space: every algorithm of the installed SGLang x ``needs_cpu_seq_lens`` 0/1 x two-batch
+overlap on/off/unknown x the worker's own declaration x the environment's overrides."""
+
+import itertools
 import types
 
 import pytest
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from spec_fused.caps import (
-    SpecCaps,
-    caps_for,
-    describe,
-    establish,
-    known_algorithms,
-    register_caps,
-    select_variant,
-)
+from compat.expectations import expectation_for
 from spec_fused import caps as caps_mod
+from spec_fused.caps import SpecCaps, caps_for, decide, describe, register_caps, select_variant
+from spec_fused.relay import BackendsDecision
+from upstream_fixtures import expected_barrier, expected_host
 
-SpeculativeAlgorithm = pytest.importorskip("sglang.srt.speculative.spec_info").SpeculativeAlgorithm
 NO_ENV: dict = {}
-
-EXPECTED = {  # (needs_war_barrier, host_seq_lens) as declared
-    "DFLASH": (False, "reserved"),
-    "DSPARK": (True, "exact"),
-    "UNO": (True, "exact"),
-    "EAGLE": (True, "exact"),
-    "EAGLE3": (True, "exact"),
-    "FROZEN_KV_MTP": (True, "exact"),
-    "STANDALONE": (True, "exact"),
-    "NGRAM": (True, "exact"),
-    "NONE": (True, "exact"),
-}
+ALGORITHMS = [m.name for m in SpeculativeAlgorithm]
+FENCES = expectation_for().fences
 
 
-def test_every_installed_member_has_defaults():
-    members = {m.name for m in SpeculativeAlgorithm}
-    assert members <= set(EXPECTED), f"new SGLang members without a decision: {members - set(EXPECTED)}"
-    for member in SpeculativeAlgorithm:
-        caps = caps_for(member, env=NO_ENV)
-        assert (caps.needs_war_barrier, caps.host_seq_lens) == EXPECTED[member.name]
-        assert caps.reason, f"{member.name} has no reason written next to it"
-    assert set(known_algorithms()) >= members
+def _worker(barrier=None, host=None):
+    worker = types.SimpleNamespace()
+    if barrier is not None:
+        worker.needs_war_barrier = barrier
+    if host is not None:
+        worker.host_seq_lens = host
+    return worker
+
+
+def _env(barrier=None, host=None):
+    env = {}
+    if barrier is not None:
+        env["SPEC_FUSED_WAR_BARRIER"] = barrier
+    if host is not None:
+        env["SPEC_FUSED_HOST_SEQ_LENS"] = host
+    return env
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("needs_cpu, tbo", [(True, False), (False, False), (True, True)])
+def test_every_configuration_decides_as_the_rules_say(algorithm, needs_cpu, tbo):
+    """Upstream forces host lengths under TBO, so ``needs_cpu_seq_lens`` is True there."""
+    for worker_barrier, env_barrier, worker_host, env_host in itertools.product(
+            (None, True, False), (None, "0", "1"), (None, "exact", "none"),
+            (None, "exact", "reserved", "none")):
+        got = decide(algorithm, worker=_worker(worker_barrier, worker_host),
+                     attn_backends=[BackendsDecision(needs_cpu)], two_batch_overlap=tbo,
+                     env=_env(env_barrier, env_host))
+        want_barrier = expected_barrier(True, worker_barrier, env_barrier, FENCES)
+        want_host, _ = expected_host(algorithm, needs_cpu=needs_cpu, tbo=tbo,
+                                     worker=worker_host, env=env_host)
+        where = (algorithm, needs_cpu, tbo, worker_barrier, env_barrier, worker_host, env_host)
+        assert got.needs_war_barrier is want_barrier, where
+        assert got.host_seq_lens == want_host, where
+        assert select_variant(got) == ("barrier_free" if not want_barrier
+                                       and want_host != "exact" else "war_guarded"), where
+        forced = algorithm == "NGRAM" or tbo
+        unsafe = env_host not in (None, "exact") and (forced or needs_cpu)
+        assert bool(got.refused) == unsafe, (where, got.refused)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_upstreams_defaults_keep_the_barrier_on_every_backend(algorithm):
+    """The planted fault of issue 13: DFLASH with backends that opt out of host lengths
+    (FA3, SGLang's default on Hopper) must keep the barrier, as every algorithm does."""
+    for needs_cpu in (True, False):
+        got = decide(algorithm, attn_backends=[BackendsDecision(needs_cpu)], env=NO_ENV)
+        assert got.needs_war_barrier is True, (algorithm, needs_cpu, got.explain())
+        assert got.barrier_source in ("table", "installed"), got.source
+
+
+def test_each_claim_keeps_its_own_source():
+    got = decide("DFLASH", attn_backends=[BackendsDecision(False)], env=NO_ENV)
+    assert (got.barrier_source, got.host_source) == ("installed", "backends")
+    assert "verify_done" in got.why_barrier() and "needs_cpu_seq_lens=False" in got.why_host()
+    got = decide("DFLASH", attn_backends=[BackendsDecision(True)], env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("exact", "installed")
+    got = decide("EAGLE", worker=_worker(barrier=False), env=NO_ENV)
+    assert (got.needs_war_barrier, got.barrier_source) == (False, "worker")
+
+
+def test_unknown_two_batch_overlap_counts_as_on():
+    got = decide("DFLASH", attn_backends=[BackendsDecision(True)], two_batch_overlap=None,
+                 env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("exact", "forced")
+    assert "could not be ruled out" in got.why_host()
+
+
+@pytest.mark.parametrize("env_host, why", [
+    ("none", "an attention backend reads host lengths"),
+    ("reserved", "an attention backend reads host lengths"),
+])
+def test_unsafe_host_overrides_are_refused_with_the_reason(env_host, why):
+    got = caps_for("EAGLE", attn_backends=[BackendsDecision(True)],
+                   env={"SPEC_FUSED_HOST_SEQ_LENS": env_host})
+    assert got.host_seq_lens == "exact" and len(got.refused) == 1
+    assert why in got.refused[0] and env_host in got.refused[0]
+    ngram = caps_for("NGRAM", attn_backends=[BackendsDecision(False)],
+                     env={"SPEC_FUSED_HOST_SEQ_LENS": "none"})
+    assert ngram.host_seq_lens == "exact" and "NGRAM" in ngram.refused[0]
+    unknown = caps_for("EAGLE", env={"SPEC_FUSED_HOST_SEQ_LENS": "none"})
+    assert unknown.host_seq_lens == "exact" and "not known" in unknown.refused[0]
 
 
 def test_names_are_case_insensitive_and_unknown_names_list_the_known_ones():
@@ -49,14 +113,10 @@ def test_names_are_case_insensitive_and_unknown_names_list_the_known_ones():
         assert name in str(info.value)
 
 
-def test_select_variant():
-    assert select_variant(SpecCaps(False, "reserved")) == "barrier_free"
-    assert select_variant(SpecCaps(False, "none")) == "barrier_free"
-    assert select_variant(SpecCaps(False, "exact")) == "war_guarded"
-    assert select_variant(SpecCaps(True, "none")) == "war_guarded"
-    assert select_variant(SpecCaps(True, "reserved")) == "war_guarded"
-    assert select_variant(caps_for("DFLASH", env=NO_ENV)) == "barrier_free"
-    assert select_variant(caps_for("EAGLE", env=NO_ENV)) == "war_guarded"
+def test_every_installed_member_has_capabilities_with_a_reason():
+    for member in SpeculativeAlgorithm:
+        caps = caps_for(member, env=NO_ENV)
+        assert caps.reason, f"{member.name} has no reason written next to it"
 
 
 def test_spec_caps_is_frozen_and_checked():
@@ -67,48 +127,8 @@ def test_spec_caps_is_frozen_and_checked():
         SpecCaps(True, "sometimes")
     with pytest.raises(TypeError):
         SpecCaps("yes", "exact")
-
-
-def test_worker_attributes_override_the_table():
-    worker = types.SimpleNamespace(needs_war_barrier=False, host_seq_lens="none")
-    caps = caps_for("EAGLE", worker=worker, env=NO_ENV)
-    assert (caps.needs_war_barrier, caps.host_seq_lens, caps.source) == (False, "none", "worker")
-    plain = types.SimpleNamespace()  # a worker without the hooks keeps the table
-    assert caps_for("EAGLE", worker=plain, env=NO_ENV) == caps_for("EAGLE", env=NO_ENV)
-
-
-def test_backends_override_workers():
-    opt_out = types.SimpleNamespace(needs_cpu_seq_lens=False)
-    needs = types.SimpleNamespace(needs_cpu_seq_lens=True)
-    undeclared = types.SimpleNamespace()  # missing flag -> needs lengths, as upstream
-    worker = types.SimpleNamespace(host_seq_lens="exact")
-    assert caps_for("EAGLE", worker=worker, attn_backends=[opt_out, None], env=NO_ENV).host_seq_lens == "none"
-    assert caps_for("EAGLE", attn_backends=[opt_out, needs], env=NO_ENV).host_seq_lens == "exact"
-    assert caps_for("EAGLE", attn_backends=[opt_out, undeclared], env=NO_ENV).host_seq_lens == "exact"
-    assert caps_for("DFLASH", attn_backends=[needs], env=NO_ENV).host_seq_lens == "reserved"
-    assert caps_for("DFLASH", attn_backends=[], env=NO_ENV).host_seq_lens == "reserved"
-
-
-def test_ngram_and_two_batch_overlap_force_exact():
-    opt_out = types.SimpleNamespace(needs_cpu_seq_lens=False)
-    assert caps_for("NGRAM", attn_backends=[opt_out], env=NO_ENV).host_seq_lens == "exact"
-    assert caps_for("DFLASH", two_batch_overlap=True, env=NO_ENV).host_seq_lens == "exact"
-    assert caps_for("EAGLE", attn_backends=[opt_out], two_batch_overlap=True,
-                    env=NO_ENV).host_seq_lens == "exact"
-
-
-def test_env_overrides_everything():
-    worker = types.SimpleNamespace(needs_war_barrier=True, host_seq_lens="exact")
-    env = {"SPEC_FUSED_WAR_BARRIER": "0", "SPEC_FUSED_HOST_SEQ_LENS": "Reserved"}
-    caps = caps_for("EAGLE", worker=worker, attn_backends=[], env=env)
-    assert (caps.needs_war_barrier, caps.host_seq_lens, caps.source) == (False, "reserved", "env")
-    assert caps_for("DFLASH", env={"SPEC_FUSED_WAR_BARRIER": "1"}).needs_war_barrier is True
-    assert caps_for("DFLASH", env={"SPEC_FUSED_WAR_BARRIER": ""}).needs_war_barrier is False
-
-
-def test_env_is_read_from_os_environ_by_default(monkeypatch):
-    monkeypatch.setenv("SPEC_FUSED_HOST_SEQ_LENS", "none")
-    assert caps_for("EAGLE").host_seq_lens == "none"
+    with pytest.raises(ValueError, match="unknown claim source"):
+        SpecCaps(True, "exact", barrier_source="rumour")
 
 
 @pytest.mark.parametrize("key,value,allowed", [
@@ -122,49 +142,28 @@ def test_bad_env_values_name_the_variable_and_the_allowed_values(key, value, all
     assert key in str(info.value) and allowed in str(info.value) and value in str(info.value)
 
 
-def test_register_caps_for_a_plugin_algorithm():
+def test_env_is_read_from_os_environ_by_default(monkeypatch):
+    monkeypatch.setenv("SPEC_FUSED_WAR_BARRIER", "0")
+    assert caps_for("EAGLE").needs_war_barrier is False
+
+
+def test_a_plugin_algorithm_speaks_for_its_own_worker():
     register_caps("my_spec", SpecCaps(False, "none", reason="plugin says so"))
     try:
-        assert caps_for("MY_SPEC", env=NO_ENV).host_seq_lens == "none"
-        assert "MY_SPEC" in known_algorithms()
+        got = decide("MY_SPEC", attn_backends=[BackendsDecision(False)], env=NO_ENV)
+        assert (got.needs_war_barrier, got.barrier_source) == (False, "worker")
+        assert "MY_SPEC" in caps_mod.known_algorithms()
         with pytest.raises(TypeError):
             register_caps("bad", (False, "none"))
     finally:
         caps_mod._REGISTERED.pop("MY_SPEC", None)
 
 
-def test_establish_holds_dflash_to_the_installed_worker():
-    declared = caps_for("DFLASH", env=NO_ENV)
-    installed = establish(declared, "DFLASH")
-    # 0.5.23's DFLASH plans with nxt_kv_lens_cpu when seq_lens_cpu is None ...
-    assert caps_mod.plans_with_reserved_bound("DFLASH") is True
-    assert installed.host_seq_lens == "reserved"
-    # ... but no longer fences its own req_to_token writes (0.5.14's verify_done is gone).
-    assert caps_mod.fences_own_shared_writes("DFLASH") is False
-    assert installed.needs_war_barrier is True and installed.source == "installed"
-    assert "verify_done" in installed.reason and "nxt_kv_lens_cpu" in installed.reason
-    assert select_variant(installed) == "war_guarded"
-    # An explicit environment choice stands.
-    forced = caps_for("DFLASH", env={"SPEC_FUSED_WAR_BARRIER": "0"})
-    assert establish(forced, "DFLASH") == forced
-    # A reserved bound is never handed to a worker that does not plan with one.
-    eagle = caps_for("EAGLE", env={"SPEC_FUSED_HOST_SEQ_LENS": "reserved"})
-    assert establish(eagle, "EAGLE") == eagle  # env stands ...
-    table = SpecCaps(True, "reserved")
-    assert establish(table, "EAGLE").host_seq_lens == "exact"  # ... the table does not
-
-
-def test_establish_reads_source_text(monkeypatch):
-    fenced = "verify_done: Optional = None\n  plan_stream.wait_event(self.verify_done)\n"
-    monkeypatch.setattr(caps_mod, "_module_source", lambda module: fenced)
-    assert caps_mod.fences_own_shared_writes("DFLASH") is True
-    assert establish(caps_for("DFLASH", env=NO_ENV), "DFLASH").needs_war_barrier is False
-    monkeypatch.setattr(caps_mod, "_module_source", lambda module: None)
-    assert caps_mod.plans_with_reserved_bound("DFLASH") is False
-
-
-def test_describe_covers_every_algorithm():
+def test_describe_lists_every_algorithm_with_upstreams_decision():
+    """With no backends known (doctor without flags): barrier kept, exact host lengths."""
     rows = {row["algorithm"]: row for row in describe(env=NO_ENV)}
-    assert set(rows) >= {m.name for m in SpeculativeAlgorithm}
-    assert rows["DFLASH"]["declared"] == "False/reserved"
-    assert all(row["variant"] in ("barrier_free", "war_guarded") for row in rows.values())
+    assert set(rows) >= set(ALGORITHMS)
+    for name in ALGORITHMS:
+        row = rows[name]
+        assert row["needs_war_barrier"] is expected_barrier(True, None, None, FENCES)
+        assert (row["host_seq_lens"], row["variant"]) == ("exact", "war_guarded"), row

@@ -3,9 +3,10 @@
 The compat tier (``scripts/compat_tier.py``) runs this file, the trace-equivalence tests
 and the relay's other FutureMap tests once per tested release, each release installed as
 an overlay on ``PYTHONPATH``; the everyday tier runs it against the one in ``.venv``. It
-checks the API probe and an exact apply/remove, the FutureMap features the relay adapts
-to, and the capabilities ``caps.establish()`` derives from the release's own worker
-source against the table written by reading that source.
+checks the API probe and an exact apply/remove, that the release's code is the recorded
+tested code, the FutureMap features the relay adapts to, and the facts spec_fused reads
+from the release (DFLASH's bound and fence, how two-batch overlap is read) against the
+table written by reading each wheel.
 """
 
 import importlib.util
@@ -15,24 +16,23 @@ import logging
 import pytest
 
 from compat.expectations import RELEASES
-from spec_fused import caps
-from spec_fused.integration import sglang_patch
+from spec_fused import upstream
+from spec_fused.integration import code_check, sglang_patch
 from spec_fused.releases import TESTED_RELEASES, support_status
 
 VERSION = sglang_patch._sglang_version()
 STATUS = support_status(VERSION) if VERSION else None
-IN_RANGE = STATUS is not None and STATUS.runs_by_default
+IN_RANGE = STATUS is not None and not STATUS.refused
 
-in_range = pytest.mark.skipif(not IN_RANGE, reason=f"SGLang {VERSION} is not in the range")
+in_range = pytest.mark.skipif(not IN_RANGE, reason=f"SGLang {VERSION} is below the range")
 
 
 def test_the_installed_release_is_tested_or_refused():
     print(f"SGLang under test: {VERSION}")
     assert VERSION is not None
-    if STATUS.kind == "tested":
-        assert VERSION in TESTED_RELEASES and VERSION in RELEASES
-    elif STATUS.kind == "newer":
-        pass  # a release newer than the list: it runs with a warning (see below)
+    if IN_RANGE:
+        assert VERSION in TESTED_RELEASES and VERSION in RELEASES, \
+            f"SGLang {VERSION} is in the range but not a tested release with expectations"
     else:
         assert STATUS.kind == "older", STATUS.message
 
@@ -62,7 +62,7 @@ def test_api_probe_then_apply_and_remove_exactly():
     report = sglang_patch.apply()
     try:
         assert report.applied and report.sglang_version == VERSION
-        assert bool(report.warning) == (STATUS.kind != "tested")
+        assert report.code == VERSION and not report.warning
         for name in PATCHED:
             if before[name] == "<absent>" and name == "resolve_mixed_spec_tails":
                 assert name not in FutureMap.__dict__  # 0.5.15 ... 0.5.18 have none
@@ -74,9 +74,17 @@ def test_api_probe_then_apply_and_remove_exactly():
     assert {n: FutureMap.__dict__.get(n, "<absent>") for n in PATCHED} == before
 
 
+@in_range
+def test_the_installed_code_is_the_recorded_code_of_this_release():
+    """What the tier tested is what the package accepts: this release's functions, as
+    a whole, fingerprint to its own row of ``tested_code.py``."""
+    from sglang.srt.managers import overlap_utils
+
+    found = code_check.check_module(overlap_utils, prefer=VERSION)
+    assert found.release == VERSION, found.describe()
+
+
 def _expected():
-    if VERSION not in RELEASES:
-        pytest.skip(f"no expectation table for SGLang {VERSION} (not a tested release)")
     return RELEASES[VERSION]
 
 
@@ -97,21 +105,25 @@ def test_future_map_features_are_the_releases():
 
 
 @in_range
-def test_established_caps_are_the_releases():
-    """What ``establish()`` derives from this release's worker source, per algorithm it
-    has: DFLASH plans with its bound (by this release's field name) and does not fence its
-    own writes, so it keeps the barrier; everyone else keeps upstream's exact lengths."""
+def test_the_facts_spec_fused_reads_are_the_releases():
+    """DFLASH plans with its bound (by this release's field name) and does not fence its
+    own writes; two-batch overlap is read the way this release reads it; NGRAM and TBO
+    force host lengths in this release's own decision."""
     want = _expected()
-    assert caps.plans_with_reserved_bound("DFLASH")
-    assert not caps.fences_own_shared_writes("DFLASH")
-    info = caps._module_source("sglang.srt.speculative.dflash_info_v2")
+    assert upstream.plans_with_reserved_bound("DFLASH")
+    assert upstream.fences_own_shared_writes("DFLASH") is want.fences
+    info = upstream.module_source("sglang.srt.speculative.dflash_info_v2")
     assert f"{want.dflash_bound_field}: Optional" in info
-    rows = {r["algorithm"]: r for r in caps.describe(env={})}
-    for algorithm in want.algorithms:
-        row = rows[algorithm]
-        assert "error" not in row, row
-        got = (row["needs_war_barrier"], row["host_seq_lens"], row["variant"])
-        assert got == want.caps(algorithm), (algorithm, got, row["reason"])
+    form = {"server_args": upstream.TBO_FROM_SERVER_ARGS, "exec": upstream.TBO_FROM_EXEC}
+    assert upstream.tbo_accessor() == form[want.tbo_from]
+    src = upstream.module_source("sglang.srt.managers.overlap_utils")
+    decide = src[src.index("def decide_needs_cpu_seq_lens"):]
+    decide = decide[:decide.index("\ndef ", 1)]
+    assert "enable_two_batch_overlap" in decide and "is_ngram()" in decide
+    scheduler = upstream.module_source("sglang.srt.managers.scheduler")
+    event = {"war_fastpath": "war_fastpath_read_done_event",
+             "shared_read": "shared_read_done_event"}[want.war_event]
+    assert event in scheduler
 
 
 @in_range

@@ -240,6 +240,7 @@ def test_entry_point_is_the_declared_one():
 def test_backend_reason(monkeypatch, kernel, interpreted, device, env, expected):
     import torch
 
+    from spec_fused.kernels import backend as backend_mod
     from spec_fused.kernels import publish_gather as pg
 
     if not kernel:
@@ -247,6 +248,6 @@ def test_backend_reason(monkeypatch, kernel, interpreted, device, env, expected)
     monkeypatch.setattr(pg, "_IS_INTERPRETED", interpreted)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    backend, reason = pg.explain_backend(torch.device(device))
-    assert backend == expected[0] and pg.backend_for(device) == backend
+    backend, reason = backend_mod.explain_backend(torch.device(device))
+    assert backend == expected[0] and backend_mod.backend_for(device) == backend
     assert expected[1] in reason and expected[1] in doctor.backend_reason(device)

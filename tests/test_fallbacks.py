@@ -9,14 +9,14 @@ import logging
 import pytest
 import torch
 
-from traces import TraceConfig, make_future_map, run_trace
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-overlap_utils = pytest.importorskip("sglang.srt.managers.overlap_utils")
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-
-from spec_fused import relay as relay_mod  # noqa: E402
-from spec_fused.integration import sglang_patch  # noqa: E402
-from spec_fused.kernels import publish_gather as pg  # noqa: E402
+from spec_fused import relay as relay_mod
+from spec_fused.integration import sglang_patch
+from spec_fused.kernels import backend as backend_mod
+from spec_fused.kernels import publish_gather as pg
+from spec_fused.kernels import step_launcher
+from spec_fused.traces import TraceConfig, make_future_map, run_trace
 
 CFG = TraceConfig(seed=7, steps=40, pool=40, max_running=12)
 EAGLE = SpeculativeAlgorithm.EAGLE
@@ -42,7 +42,8 @@ def _patched_run(algo=EAGLE, cfg=CFG, before_trace=None):
 def _break_reference(monkeypatch, broken):
     """Both reference paths fail: the checked one and the launcher's lean step."""
     monkeypatch.setattr(pg, "_reference_impl", broken)
-    monkeypatch.setattr(pg.PublishGather, "_launch_reference", lambda self, *args: broken())
+    monkeypatch.setattr(step_launcher.PublishGather, "_launch_reference",
+                        lambda self, *args: broken())
 
 
 def _messages(caplog):
@@ -101,7 +102,7 @@ def test_failure_after_a_pending_publish_still_lands_it(monkeypatch, upstream):
 
 def test_triton_missing_uses_the_reference(monkeypatch, upstream):
     monkeypatch.setattr(pg, "_publish_gather_kernel", None)
-    assert pg.backend_for("cpu") == "reference"
+    assert backend_mod.backend_for("cpu") == "reference"
     got, fm = _patched_run()
     assert got == upstream and fm.__dict__[relay_mod.RELAY_ATTR].launcher.backend == "reference"
 
@@ -196,23 +197,45 @@ def test_any_reader_of_the_buffer_sees_published_values():
         sglang_patch.remove()
 
 
-def test_env_forcing_a_bound_on_a_worker_without_one_is_warned(monkeypatch, caplog):
+def test_an_unsafe_host_override_is_refused_in_one_line(monkeypatch, caplog, upstream):
+    """``SPEC_FUSED_HOST_SEQ_LENS=reserved`` where an attention backend reads host
+    lengths: refused, logged once, the relay keeps exact host lengths."""
     monkeypatch.setenv("SPEC_FUSED_HOST_SEQ_LENS", "reserved")
-    relay_mod._logged.clear()
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         got, fm = _patched_run()
-    assert relay_mod.relay_for(fm).host_seq_lens == "reserved"
-    assert any("does not plan with a reserved bound" in m for m in _messages(caplog))
+    assert got == upstream and relay_mod.relay_for(fm).host_seq_lens == "exact"
+    hits = [m for m in _messages(caplog) if "override refused" in m]
+    assert len(hits) == 1 and "reads host lengths" in hits[0]
+
+
+@pytest.mark.parametrize("error", [
+    ValueError("Pointer argument (at 6) cannot be accessed from Triton (cpu tensor?)"),
+    TypeError("function takes exactly 25 arguments (24 given)"),
+    RuntimeError("Triton Error [CUDA]: invalid argument"),
+])
+def test_the_launchers_own_errors_go_down_the_reference_rung(monkeypatch, caplog, upstream,
+                                                             error):
+    """Triton's launcher raises ValueError/TypeError for its own failures: those are the
+    backend's, not the caller's, and the torch reference takes over."""
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(pg, "_launch", broken)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        got, fm = _patched_run()
+    assert got == upstream
+    assert relay_mod.relay_for(fm).launcher.backend == "reference"
+    assert any("falling back to the torch reference" in m for m in _messages(caplog))
 
 
 @pytest.mark.parametrize("device", ["mps", "xpu", "meta"])
 def test_devices_triton_cannot_drive_get_the_reference(device):
-    backend, reason = pg.explain_backend(device)
+    backend, reason = backend_mod.explain_backend(device)
     assert backend == "reference" and "reference" in reason
 
 
 def test_cpu_without_the_interpreter_serves_with_the_reference(monkeypatch, upstream):
     monkeypatch.setattr(pg, "_IS_INTERPRETED", False)  # a CPU server: compiled Triton only
-    assert pg.backend_for("cpu") == "reference"
+    assert backend_mod.backend_for("cpu") == "reference"
     got, fm = _patched_run()
     assert got == upstream and relay_mod.relay_for(fm).launcher.backend == "reference"

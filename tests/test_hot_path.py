@@ -10,13 +10,13 @@ import logging
 import pytest
 import torch
 
-from traces import TraceConfig, _decode_batch, patched_future_map
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-overlap_utils = pytest.importorskip("sglang.srt.managers.overlap_utils")
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-
-from spec_fused import relay as relay_mod  # noqa: E402
-from spec_fused.kernels import publish_gather as pg  # noqa: E402
+from spec_fused import relay as relay_mod
+from spec_fused.kernels import backend as backend_mod
+from spec_fused.kernels import checks
+from spec_fused.kernels import publish_gather as pg
+from spec_fused.traces import TraceConfig, decode_batch, patched_future_map
 
 CFG = TraceConfig(pool=32)
 EAGLE, DFLASH = SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.DFLASH
@@ -24,17 +24,18 @@ EAGLE, DFLASH = SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.DFLASH
 
 def _step(fm, slots, lens):
     fm.publish(torch.tensor(slots), torch.tensor(lens))
-    batch = _decode_batch(slots, CFG)
+    batch = decode_batch(slots, CFG)
     fm.resolve_seq_lens_cpu(batch)
     return batch
 
 
+@pytest.mark.parametrize("algo", [EAGLE, DFLASH])
 @pytest.mark.parametrize("needs_cpu", [True, False])
-def test_release_steps_run_no_validation_after_the_first(monkeypatch, needs_cpu):
+def test_release_steps_run_no_validation_after_the_first(monkeypatch, algo, needs_cpu):
     calls = []
-    real = pg._validate
-    monkeypatch.setattr(pg, "_validate", lambda *a, **k: (calls.append(1), real(*a, **k)))
-    with patched_future_map(EAGLE, CFG, needs_cpu_seq_lens=needs_cpu) as fm:
+    real = checks.validate
+    monkeypatch.setattr(checks, "validate", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    with patched_future_map(algo, CFG, needs_cpu_seq_lens=needs_cpu) as fm:
         _step(fm, [1, 2, 3], [5, 6, 7])
         relay = relay_mod.relay_for(fm)
         first = len(calls)
@@ -47,8 +48,8 @@ def test_release_steps_run_no_validation_after_the_first(monkeypatch, needs_cpu)
 def test_debug_mode_validates_every_step(monkeypatch):
     monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
     calls = []
-    real = pg._validate
-    monkeypatch.setattr(pg, "_validate", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    real = checks.validate
+    monkeypatch.setattr(checks, "validate", lambda *a, **k: (calls.append(1), real(*a, **k)))
     with patched_future_map(EAGLE, CFG) as fm:
         for k in range(4):
             _step(fm, [1, 2], [5 + k, 6])
@@ -65,7 +66,7 @@ def test_bad_publish_on_the_lean_path_raises_the_clear_error_and_the_relay_goes_
         relay = relay_mod.relay_for(fm)
         fm.publish(torch.tensor([1, 2]), torch.tensor([5, 6, 7]))
         with pytest.raises(ValueError, match="publish_indices has 2 entries but publish_values"):
-            fm.resolve_seq_lens_cpu(_decode_batch([1, 2], CFG))
+            fm.resolve_seq_lens_cpu(decode_batch([1, 2], CFG))
         assert relay_mod.relay_for(fm) is relay and relay.pending is None
         assert _step(fm, [1, 2], [8, 9]).seq_lens.tolist() == [8, 9]
 
@@ -74,7 +75,7 @@ def test_bad_gather_indices_still_land_the_good_pending_publish():
     with patched_future_map(EAGLE, CFG) as fm:
         _step(fm, [1, 2], [5, 6])
         fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
-        bad = _decode_batch([1, 2], CFG)
+        bad = decode_batch([1, 2], CFG)
         bad.spec_info.future_indices = torch.tensor([[1, 2]])
         with pytest.raises(ValueError, match="gather_indices must be 1-D"):
             fm.resolve_seq_lens_cpu(bad)
@@ -110,7 +111,7 @@ def test_null_backend_needs_the_bench_switch(monkeypatch, caplog):
             assert relay_mod.relay_for(fm).launcher.backend != "null"
     hits = [r.getMessage() for r in caplog.records if "SPEC_FUSED_FORCE_BACKEND" in r.getMessage()]
     assert len(hits) == 1 and "needs SPEC_FUSED_BENCH=1" in hits[0]
-    assert pg.explain_relay_backend("cpu")[0] != "null"
+    assert backend_mod.explain_relay_backend("cpu")[0] != "null"
 
 
 def test_null_backend_runs_the_path_without_device_work(monkeypatch):

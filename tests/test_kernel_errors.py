@@ -6,11 +6,8 @@ fragment the message must contain (the argument's name, so the caller knows what
 import pytest
 import torch
 
-from spec_fused.kernels.publish_gather import (
-    PublishGather,
-    publish_gather,
-    publish_gather_reference,
-)
+from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference
+from spec_fused.kernels.step_launcher import PublishGather
 
 I64, I32 = torch.int64, torch.int32
 
@@ -97,9 +94,9 @@ def test_stateful_launcher_refuses_bad_input_and_oversize_batches(kernel_launche
     buf = _buf()
     pg = PublishGather(buf, max_batch=4)
     with pytest.raises(ValueError, match="more than max_batch=4"):
-        pg(idx(1, 2, 3, 4, 5))
+        pg.launch_checked(idx(1, 2, 3, 4, 5), None, None, True)
     with pytest.raises(ValueError, match="publish_indices has duplicate slot 2"):
-        pg(idx(1), idx(2, 2), idx(1, 1))
+        pg.launch_checked(idx(1), idx(2, 2), idx(1, 1), False)
     with pytest.raises(TypeError, match="buf must be int64"):
         PublishGather(buf.int())
     assert torch.equal(buf, _buf()) and kernel_launches.count == 0

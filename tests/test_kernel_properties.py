@@ -6,12 +6,9 @@ a silent fallback to the reference cannot pass for the kernel."""
 import torch
 from hypothesis import given, strategies as st
 
-from spec_fused.kernels.publish_gather import (
-    PoisonedSlotError,
-    backend_for,
-    publish_gather,
-    publish_gather_reference,
-)
+from spec_fused.kernels.backend import backend_for
+from spec_fused.kernels.checks import PoisonedSlotError
+from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference
 
 INDEX_DTYPES = st.sampled_from([torch.int32, torch.int64])
 VALUE_DTYPES = st.sampled_from([torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])

@@ -1,144 +1,86 @@
 """The WAR-barrier decision against SGLang's real ``Scheduler`` class (the heavy tier).
 
 Importing ``sglang.srt.managers.scheduler`` on a CPU takes transformers, torchvision and
-more (scripts/setup_scheduler_tier.sh); ``./run.sh test`` runs this file in .venv-sched.
-The scheduler is made with ``object.__new__`` (its ``__init__`` loads a model) and then
-driven through its own ``_apply_war_barrier`` code."""
+more (scripts/setup_scheduler_tier.sh); ``./run.sh test`` runs this file in .venv-sched,
+once per release. The scheduler is made with ``object.__new__`` (its ``__init__`` loads a
+model) and driven through its own ``_apply_war_barrier``; the whole configuration matrix
+is checked against the rules of tests/upstream_fixtures.py, as the fast tier checks it
+on the same method read out of the release's source."""
 
 import os
 import subprocess
 import sys
 import textwrap
-import types
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.scheduler
-scheduler_mod = pytest.importorskip("sglang.srt.managers.scheduler")
+from sglang.srt.managers import scheduler as scheduler_mod  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-
-from traces import TraceConfig, make_future_map  # noqa: E402
 
 from spec_fused import relay as relay_mod  # noqa: E402
 from spec_fused.integration import sglang_patch  # noqa: E402
+from spec_fused.traces import TraceConfig, make_future_map, run_trace  # noqa: E402
+from upstream_fixtures import (  # noqa: E402
+    BACKEND_TBO,
+    barrier_calls,
+    check_barrier_matrix,
+    make_scheduler,
+)
 
 Scheduler = scheduler_mod.Scheduler
-
-
-class StreamLog:
-    def __init__(self):
-        self.calls = []
-
-    def wait_event(self, ev):
-        self.calls.append(("wait_event", ev))
-
-    def wait_stream(self, stream):
-        self.calls.append(("wait_stream", stream))
-
-
-def _scheduler(algo, *, worker=None, needs_cpu_seq_lens=True):
-    sched = object.__new__(Scheduler)
-    sched.spec_algorithm = algo
-    sched.draft_worker = worker if worker is not None else types.SimpleNamespace()
-    sched.future_map = make_future_map(algo, TraceConfig(), needs_cpu_seq_lens=needs_cpu_seq_lens)
-    # The forward's read-done event under both names SGLang gave it: 0.5.15 ... 0.5.17
-    # ``war_fastpath_runner.war_fastpath_read_done_event``, 0.5.18+
-    # ``last_shared_read_runner.shared_read_done_event``.
-    runner = types.SimpleNamespace(shared_read_done_event="read-done",
-                                   war_fastpath_read_done_event="read-done")
-    sched.model_worker = types.SimpleNamespace(last_shared_read_runner=runner,
-                                               war_fastpath_runner=runner)
-    sched.schedule_stream = StreamLog()
-    sched.forward_stream = "forward"
-    return sched
+CFG = TraceConfig(pool=16, max_len=8)
 
 
 @pytest.fixture
 def patched_scheduler():
     sglang_patch.apply()
-    assert isinstance(Scheduler.__dict__["_war_barrier_enabled"], property)
-    yield
+    assert isinstance(Scheduler.__dict__["_war_barrier_enabled"], property), \
+        "the patch did not reach the real Scheduler (untested barrier code?)"
+    yield Scheduler
     sglang_patch.remove()
-
-
-def _platform_gate(sched, enabled=True):
-    # What Scheduler.run_event_loop does right before dispatching the event loop.
-    sched._war_barrier_enabled = enabled
 
 
 def test_unpatched_scheduler_barrier_is_platform_only():
     assert "_war_barrier_enabled" not in Scheduler.__dict__
-    sched = _scheduler(SpeculativeAlgorithm.DFLASH)
-    _platform_gate(sched)
-    sched._apply_war_barrier()
-    assert sched.schedule_stream.calls == [("wait_event", "read-done")]
+    fm = make_future_map("DFLASH", CFG, needs_cpu_seq_lens=False)
+    sched = make_scheduler(Scheduler, SpeculativeAlgorithm.DFLASH, fm)
+    assert barrier_calls(sched, True) == [("wait_event", "read-done")]
 
 
-@pytest.mark.parametrize("algo", list(SpeculativeAlgorithm))
-def test_patched_decision_follows_established_caps(patched_scheduler, algo):
-    from spec_fused.caps import caps_for, establish
-
-    sched = _scheduler(algo)
-    _platform_gate(sched)
-    caps = establish(caps_for(algo), algo)
-    assert sched._war_barrier_enabled is caps.needs_war_barrier
-    sched._apply_war_barrier()
-    expect = [("wait_event", "read-done")] if caps.needs_war_barrier else []
-    assert sched.schedule_stream.calls == expect
-    assert sched.future_map.__dict__[relay_mod.CAPS_ATTR] == caps
-
-
-def test_caps_can_only_remove_the_barrier_never_add_it(patched_scheduler, monkeypatch):
-    monkeypatch.setenv("SPEC_FUSED_WAR_BARRIER", "1")
-    sched = _scheduler(SpeculativeAlgorithm.EAGLE)
-    _platform_gate(sched, enabled=False)  # e.g. not CUDA and no SGLANG_ENABLE_WAR_BARRIER
-    assert sched._war_barrier_enabled is False
-    sched._apply_war_barrier()
-    assert sched.schedule_stream.calls == []
-
-
-def test_env_turns_the_barrier_off(patched_scheduler, monkeypatch):
-    monkeypatch.setenv("SPEC_FUSED_WAR_BARRIER", "0")
-    sched = _scheduler(SpeculativeAlgorithm.DFLASH)
-    _platform_gate(sched)
-    sched._apply_war_barrier()
-    assert sched._war_barrier_enabled is False and sched.schedule_stream.calls == []
-
-
-def test_worker_declaring_its_own_caps_is_trusted(patched_scheduler):
-    worker = types.SimpleNamespace(needs_war_barrier=False, host_seq_lens="none")
-    sched = _scheduler(SpeculativeAlgorithm.EAGLE, worker=worker)
-    _platform_gate(sched)
-    sched._apply_war_barrier()
-    assert sched.schedule_stream.calls == []
-    relay = relay_mod.relay_for(sched.future_map)
-    assert relay.host_seq_lens == "none" and relay.variant == "barrier_free"
+@pytest.mark.parametrize("algorithm", list(SpeculativeAlgorithm), ids=lambda a: a.name)
+@pytest.mark.parametrize("needs_cpu, tbo", BACKEND_TBO)
+def test_barrier_matrix_on_the_real_scheduler(patched_scheduler, algorithm, needs_cpu, tbo,
+                                              monkeypatch):
+    check_barrier_matrix(patched_scheduler, algorithm, needs_cpu=needs_cpu, tbo=tbo,
+                         monkeypatch=monkeypatch)
 
 
 def test_coarse_fallback_still_works_when_barrier_kept(patched_scheduler):
-    sched = _scheduler(SpeculativeAlgorithm.EAGLE)
+    fm = make_future_map("EAGLE", CFG)
+    sched = make_scheduler(Scheduler, SpeculativeAlgorithm.EAGLE, fm)
     runner = sched.model_worker.last_shared_read_runner
     runner.shared_read_done_event = runner.war_fastpath_read_done_event = None
-    _platform_gate(sched)
-    sched._apply_war_barrier()
-    assert sched.schedule_stream.calls == [("wait_stream", "forward")]
+    assert barrier_calls(sched, True) == [("wait_stream", "forward")]
 
 
 def test_algorithm_without_caps_keeps_sglangs_decision(patched_scheduler, monkeypatch):
     from spec_fused import caps as caps_mod
 
     monkeypatch.setattr(caps_mod, "_TABLE", {})
-    sched = _scheduler(SpeculativeAlgorithm.DFLASH)
-    _platform_gate(sched)
+    monkeypatch.setenv("SPEC_FUSED_WAR_BARRIER", "0")
+    fm = make_future_map("DFLASH", CFG)
+    sched = make_scheduler(Scheduler, SpeculativeAlgorithm.DFLASH, fm)
+    assert barrier_calls(sched, True) == [("wait_event", "read-done")]
     assert sched._war_barrier_enabled is True
 
 
 def test_remove_restores_the_scheduler_class_exactly():
     before = dict(Scheduler.__dict__)
     sglang_patch.apply()
-    sched = _scheduler(SpeculativeAlgorithm.DFLASH)
-    _platform_gate(sched)
+    fm = make_future_map("DFLASH", CFG)
+    sched = make_scheduler(Scheduler, SpeculativeAlgorithm.DFLASH, fm)
+    sched._war_barrier_enabled = True
     sglang_patch.remove()
     assert dict(Scheduler.__dict__) == before
     assert sched._war_barrier_enabled is True  # the instance keeps upstream's value
@@ -157,7 +99,8 @@ def test_patch_waits_for_the_scheduler_import_in_a_fresh_process():
         assert "_war_barrier_enabled" not in s.Scheduler.__dict__
         print("deferred-ok")
     """)
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.environ.get("PYTHONPATH", ""), os.getcwd()]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -166,20 +109,22 @@ def test_patch_waits_for_the_scheduler_import_in_a_fresh_process():
 
 def test_fused_relay_runs_beside_the_real_scheduler_module(patched_scheduler):
     """With the heavy stack imported too, the relay still matches upstream on a trace."""
-    from traces import run_trace
-
     cfg = TraceConfig(seed=2, steps=30)
     sglang_patch.remove()
-    want = run_trace(make_future_map(SpeculativeAlgorithm.EAGLE, cfg), cfg)
+    want = run_trace(make_future_map("EAGLE", cfg), cfg)
     sglang_patch.apply()
-    got = run_trace(make_future_map(SpeculativeAlgorithm.EAGLE, cfg), cfg)
-    assert got == want and torch.is_tensor(torch.zeros(1))
+    fm = make_future_map("EAGLE", cfg)
+    got = run_trace(fm, cfg)
+    assert got == want and relay_mod.relay_for(fm).launches > 0
 
 
 def test_scheduler_caps_reach_a_relay_made_earlier(patched_scheduler):
-    worker = types.SimpleNamespace(host_seq_lens="none")
-    sched = _scheduler(SpeculativeAlgorithm.EAGLE, worker=worker)
-    relay = relay_mod.relay_for(sched.future_map)  # e.g. a warm-up step before the loop
+    from types import SimpleNamespace
+
+    fm = make_future_map("EAGLE", CFG)
+    sched = make_scheduler(Scheduler, SpeculativeAlgorithm.EAGLE, fm,
+                           worker=SimpleNamespace(host_seq_lens="none"))
+    relay = relay_mod.relay_for(fm)  # e.g. a warm-up step before the loop
     assert relay.host_seq_lens == "exact"
-    _platform_gate(sched)
+    barrier_calls(sched, True)
     assert relay.host_seq_lens == "none"

@@ -1,31 +1,33 @@
 """The patched FutureMap against the real, unpatched one, through the same random traces.
 
-Both sides are SGLang 0.5.23's own ``FutureMap`` class on CPU: first it runs as shipped,
-then with ``sglang_patch.apply()``; every step's observables must match (device lengths
-always; host lengths where the variant provides exact ones)."""
+Both sides are the installed SGLang's own ``FutureMap`` class on CPU: first as shipped,
+then with ``sglang_patch.apply()``; every step's observables must be equal - device
+lengths, host lengths and sums, mixed-tail fields - for every algorithm the release has,
+``needs_cpu_seq_lens`` 0 and 1, int32/int64 inputs, and the release's optional paths
+(the confidence relay, ``FutureRelayBuffers``, the ``stream_ordered`` resolve)."""
 
 import pytest
 import torch
 from hypothesis import given, strategies as st
+from sglang.srt.managers import overlap_utils
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from traces import TraceConfig, installed, make_future_map, run_trace
+from compat.expectations import expectation_for
+from spec_fused import relay as relay_mod
+from spec_fused.integration import sglang_patch
+from spec_fused.traces import TraceConfig, decode_batch, make_future_map, run_trace
 
-overlap_utils = pytest.importorskip("sglang.srt.managers.overlap_utils")
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-
-from spec_fused import relay as relay_mod  # noqa: E402
-from spec_fused.caps import plans_with_reserved_bound  # noqa: E402
-from spec_fused.integration import sglang_patch  # noqa: E402
+RELEASE = expectation_for()
+ALGORITHMS = [m.name for m in SpeculativeAlgorithm if m.name != "NONE"]
 
 
-def _run(algo, cfg, *, patched, needs_cpu_seq_lens=True):
+def _run(algo, cfg, *, patched, **fm_kwargs):
     if patched:
         sglang_patch.apply()
     try:
-        fm = make_future_map(algo, cfg, needs_cpu_seq_lens=needs_cpu_seq_lens)
+        fm = make_future_map(algo, cfg, **fm_kwargs)
         records = run_trace(fm, cfg)
-        relay = relay_mod.relay_for(fm) if patched else None
-        return records, relay, fm
+        return records, relay_mod.relay_for(fm) if patched else None, fm
     finally:
         if patched:
             sglang_patch.remove()
@@ -44,52 +46,19 @@ configs = st.builds(
 )
 
 
-@given(cfg=configs, algo_name=st.sampled_from(installed("EAGLE", "EAGLE3", "STANDALONE", "NGRAM", "UNO")))
-def test_exact_variant_matches_upstream_step_for_step(cfg, algo_name, kernel_launches):
+@given(cfg=configs, algo_name=st.sampled_from(ALGORITHMS), needs_cpu=st.booleans())
+def test_every_algorithm_matches_upstream_step_for_step(cfg, algo_name, needs_cpu,
+                                                         kernel_launches):
     algo = SpeculativeAlgorithm[algo_name]
-    want, _, _ = _run(algo, cfg, patched=False)
+    want, _, _ = _run(algo, cfg, patched=False, needs_cpu_seq_lens=needs_cpu)
     kernel_launches.reset()
-    got, relay, _ = _run(algo, cfg, patched=True)
-    assert relay is not None and relay.host_seq_lens == "exact"
-    assert [r.kind for r in got] == [r.kind for r in want]
+    got, relay, _ = _run(algo, cfg, patched=True, needs_cpu_seq_lens=needs_cpu)
+    assert relay is not None, "the relay declined a FutureMap it should relay"
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"step {step} ({w.kind}) differs"
-    decodes = sum(r.kind == "decode" for r in want)
-    assert relay.launches >= decodes and kernel_launches.count == relay.launches
-
-
-@given(configs)
-def test_reserved_variant_gives_exact_device_lengths_and_no_host_mirror(cfg):
-    want, _, _ = _run(SpeculativeAlgorithm.DFLASH, cfg, patched=False)
-    got, relay, _ = _run(SpeculativeAlgorithm.DFLASH, cfg, patched=True)
-    if not plans_with_reserved_bound("DFLASH"):  # e.g. 0.5.15's worker: exact lengths
-        assert relay.host_seq_lens == "exact" and got == want
-        return
-    assert relay.host_seq_lens == "reserved"
-    for g, w in zip(got, want, strict=True):
-        assert g.kind == w.kind and g.seq_lens == w.seq_lens and g.extra == w.extra
-        if g.kind in ("decode", "idle"):
-            # The DFLASH worker plans with its own nxt_kv_lens_cpu bound when these are None.
-            assert g.seq_lens_cpu is None and g.seq_lens_sum is None
-        else:
-            assert (g.seq_lens_cpu, g.seq_lens_sum) == (w.seq_lens_cpu, w.seq_lens_sum)
-
-
-@given(configs, st.sampled_from(["EAGLE", "DFLASH"]))
-def test_gpu_only_backends_match_upstream_none_path(cfg, algo_name):
-    algo = SpeculativeAlgorithm[algo_name]
-    want, _, _ = _run(algo, cfg, patched=False, needs_cpu_seq_lens=False)
-    got, relay, _ = _run(algo, cfg, patched=True, needs_cpu_seq_lens=False)
-    assert got == want  # upstream leaves seq_lens_cpu/sum None too
-
-
-def test_barrier_free_variant_when_forced_by_env(monkeypatch):
-    monkeypatch.setenv("SPEC_FUSED_WAR_BARRIER", "0")
-    cfg = TraceConfig(seed=3, steps=40)
-    want, _, _ = _run(SpeculativeAlgorithm.DFLASH, cfg, patched=False)
-    got, relay, _ = _run(SpeculativeAlgorithm.DFLASH, cfg, patched=True)
-    assert relay.variant == "barrier_free" or not plans_with_reserved_bound("DFLASH")
-    assert [g.seq_lens for g in got] == [w.seq_lens for w in want]
+    decodes = sum(r.kind == "decode" and bool(r.seq_lens) for r in want)
+    # One fused launch per decode step with a batch (and the occasional flush).
+    assert decodes <= relay.launches == kernel_launches.count
 
 
 @pytest.mark.parametrize("algo_name", ["EAGLE", "DFLASH"])
@@ -100,10 +69,10 @@ def test_sglang_debug_mode_consume_once_still_holds(monkeypatch, algo_name):
     algo = SpeculativeAlgorithm[algo_name]
     want, _, fm_a = _run(algo, cfg, patched=False)
     got, relay, fm_b = _run(algo, cfg, patched=True)
-    assert [g.seq_lens for g in got] == [w.seq_lens for w in want]
-    if relay_mod._sglang_poisons_seq_lens():  # 0.5.23: consume-once on seq lens
+    assert got == want
+    if RELEASE.consume_once:  # 0.5.16+: consume-once on seq lens, poisoned rows
         assert relay.debug and relay.launcher.poison
-        assert torch.equal(fm_a.new_seq_lens_buf, fm_b.new_seq_lens_buf)  # same rows poisoned
+        assert torch.equal(fm_a.new_seq_lens_buf, fm_b.new_seq_lens_buf)
     else:
         assert not relay.debug
 
@@ -113,4 +82,96 @@ def test_int32_indices_and_lengths_pool_reuse_long_trace():
                       value_dtype=torch.int32, index_dtype=torch.int32)
     want, _, _ = _run(SpeculativeAlgorithm.EAGLE, cfg, patched=False)
     got, _, _ = _run(SpeculativeAlgorithm.EAGLE, cfg, patched=True)
+    assert got == want
+
+
+@pytest.mark.skipif(not RELEASE.confidence, reason="this release has no confidence relay")
+def test_the_confidence_relay_is_left_to_sglang():
+    """DSPARK's ragged-verify confidence relay gates its own D2H on ``publish_ready``: the
+    relay declines such a FutureMap and SGLang's path serves it, publish and resolve."""
+    cfg = TraceConfig(seed=4, steps=30)
+    algo = SpeculativeAlgorithm.DSPARK
+    want, _, _ = _run(algo, cfg, patched=False, needs_confidence_relay=True)
+    got, relay, _ = _run(algo, cfg, patched=True, needs_confidence_relay=True)
+    assert relay is None and got == want
+
+
+@pytest.mark.skipif(not RELEASE.confidence, reason="this release's publish has no confidence")
+def test_a_publish_with_confidence_goes_to_sglang_after_the_pending_one_lands():
+    def drive(fm):
+        fm.publish(torch.tensor([1, 2]), torch.tensor([10, 20]))
+        fm.publish(torch.tensor([2, 3]), torch.tensor([21, 30]), torch.ones((2, 4)))
+        batch = decode_batch([1, 2, 3], TraceConfig())
+        fm.resolve_seq_lens_cpu(batch)
+        return batch.seq_lens.tolist(), batch.seq_lens_cpu.tolist(), batch.seq_lens_sum
+
+    from spec_fused.traces import unpatched_then_patched
+
+    want, got = unpatched_then_patched(drive, "DSPARK", TraceConfig())
+    assert got == want == ([10, 21, 30], [10, 21, 30], 61)
+
+
+@pytest.mark.skipif(not RELEASE.relay_buffers, reason="this release has no FutureRelayBuffers")
+@pytest.mark.parametrize("needs_cpu", [True, False])
+def test_future_relay_buffers_adopted_and_graph_scattered_publishes(needs_cpu):
+    """0.5.23: a captured verify graph scatters into buffers the FutureMap adopts, and
+    ``publish`` of that very tensor skips its scatter; the relay follows the adoption
+    (the buffer rebind) and the skip."""
+    cfg = TraceConfig(pool=32)
+
+    def drive(fm):
+        relay_buffers = fm._relay
+        seen = []
+        lens = torch.arange(cfg.pool, dtype=torch.int64) + 100
+        for step in range(6):
+            slots = torch.tensor([1, 2, 3 + step % 3])
+            if step % 2:  # the graph already scattered these: publish of the same tensor
+                fm.new_seq_lens_buf[slots] = lens[slots] + step
+                relay_buffers.published_seq_lens = published = lens[slots] + step
+                fm.publish(slots, published)
+            else:
+                fm.publish(slots, lens[slots] + step)
+            batch = decode_batch(slots.tolist(), cfg)
+            fm.resolve_seq_lens_cpu(batch)
+            seen.append((batch.seq_lens.tolist(),
+                         None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist()))
+        return seen, fm.new_seq_lens_buf is relay_buffers.new_seq_lens
+
+    def with_buffers(fm_kwargs):
+        offered = overlap_utils.FutureRelayBuffers(req_pool_size=cfg.pool, device="cpu")
+        overlap_utils.offer_future_relay_buffers(offered)
+        try:
+            return drive(make_future_map("EAGLE", cfg, needs_cpu_seq_lens=needs_cpu))
+        finally:
+            overlap_utils.offer_future_relay_buffers(None)
+
+    want = with_buffers({})
+    sglang_patch.apply()
+    try:
+        got = with_buffers({})
+    finally:
+        sglang_patch.remove()
+    assert got == want and got[1] is True
+
+
+@pytest.mark.skipif(not RELEASE.stream_ordered, reason="this release has no stream_ordered")
+@pytest.mark.parametrize("needs_cpu", [True, False])
+def test_the_stream_ordered_resolve_is_sglangs_after_the_pending_publish(needs_cpu):
+    """0.5.23's HIP-only GPU path (``stream_ordered=True``): the relay lands its pending
+    publish and hands the call to SGLang's own resolve."""
+    cfg = TraceConfig(pool=16)
+
+    def drive(fm):
+        out = []
+        for step in range(4):
+            fm.publish(torch.tensor([1, 2]), torch.tensor([10 + step, 20 + step]))
+            batch = decode_batch([1, 2], cfg)
+            fm.resolve_seq_lens_cpu(batch, stream_ordered=bool(step % 2))
+            out.append((batch.seq_lens.tolist(), None if batch.seq_lens_cpu is None
+                        else batch.seq_lens_cpu.tolist(), batch.seq_lens_sum))
+        return out
+
+    from spec_fused.traces import unpatched_then_patched
+
+    want, got = unpatched_then_patched(drive, "EAGLE", cfg, needs_cpu_seq_lens=needs_cpu)
     assert got == want

@@ -13,9 +13,13 @@ It patches, reversibly:
   gets) imported, never by importing it.
 
 ``SPEC_FUSED_DISABLE=1`` (or leaving ``spec_fused`` out of ``SGLANG_PLUGINS``) keeps SGLang
-exactly as shipped: the A side of every A/B. Anything unrecognised - version, class,
-method signature - makes :func:`apply` raise :class:`UnsupportedSGLangError` having
-patched nothing, and :func:`register` log that in one line and leave SGLang as it is.
+exactly as shipped: the A side of every A/B. Anything not tested - a release below the
+range, a missing class or method, code that is not, as a whole, the code of a tested
+release (``code_check``) - makes :func:`apply` raise :class:`UnsupportedSGLangError`
+having patched nothing, and :func:`register` log that in one line and leave SGLang as it
+is. A scheduler whose barrier code was not tested keeps SGLang's own barrier. The
+replacements take any argument SGLang may pass: one they do not know goes to SGLang's
+original, never a ``TypeError`` inside the scheduler loop.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from spec_fused import relay as _relay
-from spec_fused.caps import caps_for, establish
+from spec_fused.integration import code_check
 from spec_fused.integration.hooks import PatchSet
 from spec_fused.releases import TESTED_RELEASES, support_status
 
@@ -54,7 +58,8 @@ class PatchReport:
     patched: list = field(default_factory=list)
     deferred: list = field(default_factory=list)  # patched when their module is imported
     reason: str = ""
-    warning: str = ""  # set when the SGLang release is not a tested one
+    warning: str = ""  # set when untested code runs (SPEC_FUSED_ALLOW_UNTESTED=1)
+    code: str = ""  # which tested release's code this is
 
 
 _patches: Optional[PatchSet] = None
@@ -106,21 +111,18 @@ def _range_text() -> str:
 
 def check_supported(overlap_utils=None) -> str:
     """Return the SGLang version if spec_fused can patch it, else raise
-    :class:`UnsupportedSGLangError` naming the version and what is missing.
+    :class:`UnsupportedSGLangError` naming the version and what is missing or changed.
 
-    The version must be a tested release (:mod:`spec_fused.releases`), or a newer patch
-    release of the newest tested one (which :func:`apply` runs with a one-line warning),
-    or - with ``SPEC_FUSED_ALLOW_UNTESTED=1`` - any other release from the oldest tested
-    one on. Whatever the version, the API probe below (the parameters and attributes the
-    patch touches) must pass."""
+    A release below the tested range is refused whatever its code. Otherwise the API
+    probe (the classes, methods and attributes the patch touches) must pass, and the
+    functions it patches must be, as a whole, those of a tested release
+    (:func:`verify_code`); ``SPEC_FUSED_ALLOW_UNTESTED=1`` lets other code run."""
     version = _sglang_version()
     if version is None:
         raise UnsupportedSGLangError("SGLang is not installed")
     status = support_status(version)
-    if not status.runs_by_default:
-        allowed = status.kind == "untested" and os.environ.get(ENV_ALLOW_UNTESTED) == "1"
-        if not allowed:
-            raise UnsupportedSGLangError(status.message)
+    if status.refused:
+        raise UnsupportedSGLangError(status.message)
     if overlap_utils is None:
         try:
             import importlib
@@ -139,13 +141,26 @@ def check_supported(overlap_utils=None) -> str:
         _require_params(version, future_map, "resolve_mixed_spec_tails", ("self", "batch"))
     try:
         init_src = inspect.getsource(future_map.__init__)
-    except (OSError, TypeError):  # no source shipped: the per-instance checks still run
+    except (OSError, TypeError):  # no source shipped: the code check refuses it below
         init_src = None
     for attr in ("new_seq_lens_buf", "needs_cpu_seq_lens", "publish_ready"):
         if init_src is not None and attr not in init_src:
             raise UnsupportedSGLangError(
                 f"SGLang {version}: FutureMap.__init__ no longer sets {attr!r}")
+    verify_code(version, overlap_utils)
     return version
+
+
+def verify_code(version: str, module) -> code_check.CodeVerdict:
+    """The installed functions of ``module`` must be a tested release's; raise (or, with
+    ``SPEC_FUSED_ALLOW_UNTESTED=1``, warn and go on) otherwise."""
+    found = code_check.check_module(module, prefer=version)
+    if found.tested:
+        return found
+    message = f"SGLang {version}: {found.describe()}: not tested"
+    if os.environ.get(ENV_ALLOW_UNTESTED) == "1":
+        return found
+    raise UnsupportedSGLangError(f"{message}; set {ENV_ALLOW_UNTESTED}=1 to try it anyway")
 
 
 # ---------------------------------------------------------------------------- hooks
@@ -156,7 +171,7 @@ _UNDECIDED = object()
 
 
 def _on_failure(fm, relay, exc, what):
-    from spec_fused.kernels.publish_gather import (
+    from spec_fused.kernels.checks import (
         InputError,
         InputTypeError,
         PoisonedSlotError,
@@ -184,16 +199,17 @@ def _make_publish(original):
     relay_attr = _relay.RELAY_ATTR
     relay_for = _relay.relay_for
 
-    def publish(self, future_indices, new_seq_lens, confidence=None):
+    def publish(self, future_indices, new_seq_lens, *args, **kwargs):
         relay = self.__dict__.get(relay_attr, _UNDECIDED)
         if relay is _UNDECIDED:
             relay = relay_for(self)
-        if relay is None or confidence is not None or future_indices.shape[0] == 0:
+        # Fused: no relay-less FutureMap, no confidence (DSPARK gates its own D2H on the
+        # scatter), nothing SGLang's publish may have grown since, not a DP-idle publish.
+        if relay is None or args or kwargs.get("confidence") is not None \
+                or len(kwargs) > ("confidence" in kwargs) or future_indices.shape[0] == 0:
             if relay is not None:
                 relay.flush()  # keep publish order when SGLang's path writes the buffer
-            if confidence is None:
-                return original(self, future_indices, new_seq_lens)
-            return original(self, future_indices, new_seq_lens, confidence)
+            return original(self, future_indices, new_seq_lens, *args, **kwargs)
         try:
             relay.publish(self, future_indices, new_seq_lens)
         except Exception as exc:
@@ -207,20 +223,22 @@ def _make_resolve(original):
     relay_attr = _relay.RELAY_ATTR
     relay_for = _relay.relay_for
 
-    def resolve_seq_lens_cpu(self, batch, stream_ordered=False):
+    def resolve_seq_lens_cpu(self, batch, *args, **kwargs):
         relay = self.__dict__.get(relay_attr, _UNDECIDED)
         if relay is _UNDECIDED:
             relay = relay_for(self)
         if relay is None:
-            if stream_ordered:
-                return original(self, batch, stream_ordered)
-            return original(self, batch)
+            return original(self, batch, *args, **kwargs)
+        if args or kwargs:
+            # ``stream_ordered`` (0.5.23's HIP-only GPU path, which the relay does not
+            # engage on) or anything newer: SGLang's own resolve, after the pending
+            # publish lands.
+            relay.flush()
+            return original(self, batch, *args, **kwargs)
         try:
-            relay.resolve(self, batch, stream_ordered)
+            relay.resolve(self, batch)
         except Exception as exc:
             _on_failure(self, relay, exc, "resolve")
-            if stream_ordered:
-                return original(self, batch, stream_ordered)
             return original(self, batch)
 
     return resolve_seq_lens_cpu
@@ -250,17 +268,28 @@ def _buffer_property():
 
 
 def _scheduler_caps(sched):
+    """The production decision for this scheduler's FutureMap, which the scheduler knows
+    best: its worker (``draft_worker``, whose own declaration counts) and its server
+    arguments (two-batch overlap, read as the installed release reads it). None where the
+    relay does not engage (a device it does not run on): SGLang's barrier then stays."""
+    algorithm = getattr(sched, "spec_algorithm", None)
+    if algorithm is None or not algorithm.is_some():
+        return None  # no speculative relay: the barrier is none of spec_fused's business
     future_map = getattr(sched, "future_map", None)
-    backends = None
-    if future_map is not None and hasattr(future_map, "needs_cpu_seq_lens"):
-        backends = [_relay._BackendsDecision(bool(future_map.needs_cpu_seq_lens))]
-    caps = establish(caps_for(sched.spec_algorithm, worker=getattr(sched, "draft_worker", None),
-                              attn_backends=backends), sched.spec_algorithm)
-    if future_map is not None:
-        future_map.__dict__[_relay.CAPS_ATTR] = caps
-        relay = future_map.__dict__.get(_relay.RELAY_ATTR)
-        if relay is not None:  # made before the scheduler knew its worker: update it
-            relay.set_caps(caps)
+    if future_map is None:
+        raise AttributeError("the scheduler has no future_map")
+    buf = future_map.__dict__.get(_relay.BUF_ATTR)
+    unsupported = None if buf is None else _relay.unsupported_device(buf.device)
+    if unsupported is not None:
+        _relay.log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
+                        unsupported)
+        return None
+    caps = _relay.future_map_caps(future_map, worker=getattr(sched, "draft_worker", None),
+                                  server_args=getattr(sched, "server_args", None))
+    future_map.__dict__[_relay.CAPS_ATTR] = caps
+    relay = future_map.__dict__.get(_relay.RELAY_ATTR)
+    if relay is not None:  # made before the scheduler knew its worker: update it
+        relay.set_caps(caps)
     return caps
 
 
@@ -285,6 +314,8 @@ def _war_barrier_property():
             _relay.log_once(("war-caps", type(exc).__name__),
                             "no capabilities for the WAR barrier decision (%s); keeping "
                             "SGLang's", str(exc).strip('"'))
+            caps = None
+        if caps is None:
             self.__dict__.pop(key, None)
             return
         self.__dict__[key] = bool(platform_gate) and caps.needs_war_barrier
@@ -292,21 +323,21 @@ def _war_barrier_property():
             _relay.log_once(("war-off", str(self.spec_algorithm)),
                             "WAR barrier off for %s (%s)",
                             getattr(self.spec_algorithm, "name", self.spec_algorithm),
-                            caps.reason, level=logging.INFO)
+                            caps.why_barrier(), level=logging.WARNING)
 
     return property(getter, setter)
 
 
-def _patch_scheduler(patches: PatchSet, module) -> None:
+def _patch_scheduler(patches: PatchSet, module, version: str) -> None:
     scheduler = getattr(module, "Scheduler", None)
     if not isinstance(scheduler, type) or "_apply_war_barrier" not in scheduler.__dict__:
         _relay.log_once("no-war", "%s.Scheduler has no _apply_war_barrier; the WAR barrier "
                         "stays as SGLang decides it", SCHEDULER)
         return
-    src = inspect.getsource(scheduler._apply_war_barrier)
-    if "_war_barrier_enabled" not in src:
-        _relay.log_once("war-src", "Scheduler._apply_war_barrier does not read "
-                        "_war_barrier_enabled; the WAR barrier stays as SGLang decides it")
+    found = code_check.check_module(module, prefer=version)
+    if not found.tested and os.environ.get(ENV_ALLOW_UNTESTED) != "1":
+        _relay.log_once("war-code", "SGLang %s: %s: not tested; the WAR barrier stays as "
+                        "SGLang decides it", version, found.describe())
         return
     patches.set_attr(scheduler, "_war_barrier_enabled", _war_barrier_property())
 
@@ -345,19 +376,23 @@ def apply() -> PatchReport:
 
         if SCHEDULER not in sys.modules:
             report.deferred.append(f"{SCHEDULER}.Scheduler._war_barrier_enabled")
-        patches.after_import(SCHEDULER, lambda module: _patch_scheduler(patches, module))
+        patches.after_import(SCHEDULER,
+                             lambda module: _patch_scheduler(patches, module, version))
         if SCHEDULER in sys.modules:
             report.patched = list(patches.targets)
     except Exception:
         patches.undo()
         raise
     _patches, _report = patches, report
-    status = support_status(version)
-    if status.kind != "tested":
-        report.warning = status.message if status.kind == "newer" else \
-            f"{status.message.split(';')[0]}; running because {ENV_ALLOW_UNTESTED}=1 and " \
-            f"the API probe passed"
+    found = code_check.check_module(overlap_utils, prefer=version)
+    report.code = found.release or ""
+    if not found.tested:
+        report.warning = (f"SGLang {version}: {found.describe()}: not tested; running "
+                          f"because {ENV_ALLOW_UNTESTED}=1")
         logger.warning("spec_fused: %s", report.warning)
+    elif found.release != version:
+        logger.info("spec_fused: SGLang %s is not a listed release, but the code spec_fused "
+                    "patches is %s's, which is tested: running", version, found.release)
     logger.info("spec_fused: patched SGLang %s (%s)", version, ", ".join(report.patched))
     return report
 

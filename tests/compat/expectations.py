@@ -20,6 +20,14 @@ moved it is named.
   (0.5.14's ``verify_done`` went with PR #29232), so the WAR barrier stays everywhere.
 * ``fa3_needs_cpu_seq_lens``: 0.5.15 ``not is_dflash()``; 0.5.16+ False for every algorithm,
   and from 0.5.21 True again only with a KV-shard pool.
+* ``tbo_from``: how ``decide_needs_cpu_seq_lens`` reads two-batch overlap: ``server_args``
+  (its ``server_args.enable_two_batch_overlap`` parameter, 0.5.15 ... 0.5.18) or ``exec``
+  (``get_exec().overlap.enable_two_batch_overlap``, 0.5.19 on). Every release forces
+  host lengths under it and for NGRAM.
+* ``fences``: whether DFLASH fences its own ``req_to_token`` writes (0.5.14's
+  ``wait_event(self.verify_done)``): no release from 0.5.15 on does.
+* ``war_event``: where ``_apply_war_barrier`` finds the forward's read-done event:
+  ``war_fastpath`` (0.5.15 ... 0.5.17) or ``shared_read`` (0.5.18 on).
 """
 
 from __future__ import annotations
@@ -43,26 +51,42 @@ class Release:
     relay_buffers: bool
     dflash_bound_field: str
     fa3_needs_cpu_seq_lens: str
-
-    def caps(self, algorithm: str) -> tuple:
-        """``(needs_war_barrier, host_seq_lens, variant)`` established on this release."""
-        if algorithm == "DFLASH":  # the bound holds, the barrier exemption does not
-            return (True, "reserved", "war_guarded")
-        return (True, "exact", "war_guarded")
+    tbo_from: str
+    war_event: str
+    fences: bool = False
 
 
 _R = "reserved_seq_lens_cpu"
 _N = "nxt_kv_lens_cpu"
+_SA, _EX = "server_args", "exec"
+_WF, _SR = "war_fastpath", "shared_read"
 
 RELEASES = {
-    "0.5.15": Release(_BASE, False, False, False, False, False, _R, "not DFLASH"),
-    "0.5.15.post1": Release(_BASE, False, False, False, False, False, _R, "not DFLASH"),
-    "0.5.16": Release(_DSPARK, True, True, False, False, False, _R, "False"),
-    "0.5.17": Release(_DSPARK, True, True, False, False, False, _R, "False"),
-    "0.5.18": Release(_DSPARK, True, True, False, False, False, _R, "False"),
-    "0.5.19": Release(_DSPARK, True, True, True, False, False, _N, "False"),
-    "0.5.20": Release(_UNO, True, True, True, False, False, _N, "False"),
-    "0.5.21": Release(_UNO, True, True, True, False, False, _N, "KV-shard pool only"),
-    "0.5.22": Release(_UNO, True, True, True, False, False, _N, "KV-shard pool only"),
-    "0.5.23": Release(_UNO, True, True, True, True, True, _N, "KV-shard pool only"),
+    "0.5.15": Release(_BASE, False, False, False, False, False, _R, "not DFLASH", _SA, _WF),
+    "0.5.15.post1": Release(_BASE, False, False, False, False, False, _R, "not DFLASH", _SA,
+                            _WF),
+    "0.5.16": Release(_DSPARK, True, True, False, False, False, _R, "False", _SA, _WF),
+    "0.5.17": Release(_DSPARK, True, True, False, False, False, _R, "False", _SA, _WF),
+    "0.5.18": Release(_DSPARK, True, True, False, False, False, _R, "False", _SA, _SR),
+    "0.5.19": Release(_DSPARK, True, True, True, False, False, _N, "False", _EX, _SR),
+    "0.5.20": Release(_UNO, True, True, True, False, False, _N, "False", _EX, _SR),
+    "0.5.21": Release(_UNO, True, True, True, False, False, _N, "KV-shard pool only", _EX, _SR),
+    "0.5.22": Release(_UNO, True, True, True, False, False, _N, "KV-shard pool only", _EX, _SR),
+    "0.5.23": Release(_UNO, True, True, True, True, True, _N, "KV-shard pool only", _EX, _SR),
 }
+
+
+def installed_version() -> str:
+    from importlib.metadata import version
+
+    return version("sglang")
+
+
+def expectation_for(version: str = None) -> Release:
+    """The facts of the installed (or given) release; a test run against a release with
+    no row fails here, by name, rather than testing against another release's facts."""
+    version = version or installed_version()
+    if version not in RELEASES:
+        raise LookupError(f"no expectations written for SGLang {version}; read its wheel "
+                          f"and add a row to tests/compat/expectations.py")
+    return RELEASES[version]

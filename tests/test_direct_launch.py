@@ -1,4 +1,5 @@
-"""The direct (bound) Triton launch: detection, every fallback, and the argument packing.
+"""The direct (bound) Triton launch: detection, every fallback, the argument packing, and
+the per-step launcher's O(1) guard around it.
 
 A CPU has no compiled kernel to bind, so the compiled kernel is stood in for by an object
 with Triton's calling convention whose ``run`` executes the very same kernel in the Triton
@@ -11,60 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from spec_fused.kernels import launcher as launcher_mod
-from spec_fused.kernels import publish_gather as pg
+from spec_fused.kernels import direct_launch as launcher_mod
+from spec_fused.kernels import step_launcher
+from spec_fused.kernels.publish_gather import publish_gather_reference
 
-KERNEL = pg._publish_gather_kernel
-N_ARGS = len(KERNEL.arg_names)
-
-
-class FakeCompiled:
-    """Triton's ``CompiledKernel`` shape: ``run``, ``function``, ``packed_metadata``,
-    ``src.signature``; ``run`` takes grid, stream, function, metadata, launch metadata,
-    two hooks, then every parameter in order."""
-
-    def __init__(self, n_args=N_ARGS):
-        self.function = object()
-        self.packed_metadata = ("md",)
-        self.src = SimpleNamespace(signature={i: "*i64" for i in range(n_args)})
-        self.calls = []
-
-    def run(self, gx, gy, gz, stream, function, metadata, launch_metadata, enter, exit_,
-            *args):
-        assert (gx, gy, gz) == (1, 1, 1) and function is self.function
-        assert metadata is self.packed_metadata
-        assert launch_metadata is None and enter is None and exit_ is None
-        self.calls.append(stream)
-        *plain, has_host, has_stamp, poison, block = args
-        KERNEL[(1,)](*plain, HAS_HOST=has_host, HAS_STAMP=has_stamp, POISON=poison,
-                     BLOCK=block)
-
-
-class ReadyFast:
-    """FastLaunch with every per-step condition met (a CPU has no CUDA device to ask)."""
-
-    blocked = None
-
-    def __init__(self):
-        self.ready_calls = 0
-
-    def ready(self):
-        self.ready_calls += 1
-        return True
-
-    @staticmethod
-    def raw_stream(index):
-        return 1234
-
-
-def _bound_launcher(buf, compiled):
-    """A PublishGather whose Triton variants are bound to ``compiled`` (CPU stand-in)."""
-    launcher = pg.PublishGather(buf, backend="interpreter")
-    launcher._fast = ReadyFast()
-    bound, why = launcher_mod.bind(compiled, N_ARGS)
-    assert bound is not None, why
-    launcher._bind = lambda _compiled: bound
-    return launcher
+from fake_triton import N_ARGS, FakeCompiled, ReadyFast, bound_launcher as _bound_launcher
 
 
 def test_bound_launch_packs_the_arguments_the_kernel_expects():
@@ -80,7 +32,7 @@ def test_bound_launch_packs_the_arguments_the_kernel_expects():
             pi = slots[:m]
             pv = torch.randint(0, 1 << 30, (m,), generator=g, dtype=torch.int32)
             gi = torch.randint(0, pool, (n,), generator=g)
-            want = pg.publish_gather_reference(ref, gi, pi if m else None, pv if m else None)
+            want = publish_gather_reference(ref, gi, pi if m else None, pv if m else None)
             out = launcher.launch(gi, pi if m else None, pv if m else None, host)
             assert torch.equal(out, want.seq_lens) and torch.equal(buf, ref)
             if host:
@@ -91,12 +43,14 @@ def test_bound_launch_packs_the_arguments_the_kernel_expects():
 
 
 def test_one_validation_then_none_per_step(monkeypatch):
+    from spec_fused.kernels import checks
+
     calls = []
-    real = pg._validate
+    real = checks.validate
     buf = torch.zeros(64, dtype=torch.int64)
     compiled = FakeCompiled()
     launcher = _bound_launcher(buf, compiled)
-    monkeypatch.setattr(pg, "_validate", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    monkeypatch.setattr(checks, "validate", lambda *a, **k: (calls.append(1), real(*a, **k)))
     idx = torch.tensor([1, 2, 3])
     for step in range(5):
         launcher.launch(idx, idx, idx + step, False)
@@ -120,7 +74,7 @@ def test_bad_input_on_the_lean_path_gets_the_checked_paths_error(bad, error, mat
     if backend == "interpreter":
         launcher = _bound_launcher(buf, FakeCompiled())
     else:
-        launcher = pg.PublishGather(buf, backend="reference")
+        launcher = step_launcher.PublishGather(buf, backend="reference")
     idx = torch.tensor([1, 2, 3])
     launcher.launch(idx, idx, idx.clone(), False)
     before = buf.clone()
@@ -149,8 +103,8 @@ def test_bind_refuses_an_unknown_triton(monkeypatch):
     assert launcher_mod.bind(FakeCompiled(), N_ARGS)[0] is None
 
 
-def _fast(monkeypatch, device=0):
-    fast = launcher_mod.FastLaunch(0)
+def _fast(monkeypatch, device=0, kernel=None):
+    fast = launcher_mod.FastLaunch(0, kernel)
     # A CPU torch has no CUDA accessors; stand them in, keep the real hook knobs.
     fast.blocked = None
     fast._runtime = launcher_mod._knobs.runtime
@@ -208,16 +162,21 @@ def test_a_launcher_whose_bound_path_is_not_ready_launches_normally(kernel_launc
 
 
 def test_stamps_wrap_below_int32_and_still_name_their_launch():
-    """A server up for weeks passes 2**31 steps; Triton would retype the stamp as i64."""
+    """A server up for weeks passes 2**31 steps; Triton would retype the stamp as i64.
+    The stamps on both sides of the wrap are distinct, and each names its own launch."""
+    from spec_fused.kernels.host_ring import HostRing
+
     buf = torch.arange(8, dtype=torch.int64)
-    launcher = pg.PublishGather(buf, backend="interpreter")
-    launcher.step = pg.PublishGather.STAMP_MASK - 1
+    launcher = step_launcher.PublishGather(buf, backend="interpreter")
+    launcher.step = HostRing.STAMP_MASK - 1
+    stamps = []
     for k in range(4):
         out = launcher.launch(torch.tensor([1, 2]), torch.tensor([1]), torch.tensor([10 + k]),
                               True)
-        assert 0 <= launcher.stamp <= pg.PublishGather.STAMP_MASK
+        stamps.append(launcher.stamp)
         lens, total = launcher.read_row(launcher.stamp, 2)
         assert lens.tolist() == out.tolist() == [10 + k, 2] and total == 12 + k
+    assert stamps == [HostRing.STAMP_MASK - 1, HostRing.STAMP_MASK, 0, 1]
 
 
 def test_an_empty_publish_does_not_stand_in_for_real_publish_pointers():
@@ -236,8 +195,51 @@ def test_an_empty_publish_does_not_stand_in_for_real_publish_pointers():
     assert (torch.int64, torch.int32, torch.int32, False) in launcher._variants
 
 
-def test_pre_run_hooks_send_launches_the_normal_way(monkeypatch):
-    fast = _fast(monkeypatch)
+def test_a_pre_run_hook_added_after_binding_sends_launches_the_normal_way(monkeypatch):
+    """Read live: Triton's ``add_pre_run_hook`` appends to the kernel's own list later."""
+    hooks = []
+    fake_kernel = SimpleNamespace(pre_run_hooks=hooks)
+    fast = _fast(monkeypatch, kernel=fake_kernel)
     assert fast.ready()
-    fast._pre_run_hooks = [lambda *a, **k: None]
+    hooks.append(lambda *a, **k: None)
     assert not fast.ready()
+    hooks.clear()
+    assert fast.ready()
+
+
+def test_a_normal_launch_from_another_current_device_runs_on_the_buffers(monkeypatch):
+    """Triton's normal launch goes to the current device: switch to the buffer's first."""
+    buf = torch.zeros(16, dtype=torch.int64)
+    launcher = step_launcher.PublishGather(buf, backend="interpreter")
+    entered = []
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    launcher._fast = ReadyFast()
+    launcher._fast.on_other_device = lambda: True
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    out = launcher.launch_checked(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([5]),
+                                  False)
+    assert out.tolist() == [0, 5] and entered == [buf.device]
+
+
+def test_an_empty_publish_keeps_the_lean_path():
+    """An empty publish (DP-idle forward) is launched as no publish: after its first
+    checked step, the next ones go straight to the launch, not through the full check."""
+    buf = torch.zeros(16, dtype=torch.int64)
+    launcher = _bound_launcher(buf, FakeCompiled())
+    gi, empty = torch.tensor([1, 2]), torch.empty(0, dtype=torch.int64)
+    calls = []
+    real = launcher.launch_checked
+    launcher.launch_checked = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    for _ in range(4):
+        assert launcher.launch(gi, empty, empty, False).tolist() == [0, 0]
+    assert len(calls) == 1

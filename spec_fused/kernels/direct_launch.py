@@ -135,8 +135,9 @@ class FastLaunch:
     def __init__(self, device_index: int, kernel=None):
         self.device_index = device_index
         self.blocked: Optional[str] = None
-        # JITFunction.run calls these before every launch; the direct launch would not.
-        self._pre_run_hooks = getattr(kernel, "pre_run_hooks", None) or []
+        # JITFunction.run calls the kernel's pre-run hooks before every launch; the direct
+        # launch would not. Read live (a hook may be added after the kernel is bound).
+        self._kernel = kernel
         self._runtime = None if _knobs is None else _knobs.runtime
         self._is_compiling = torch.compiler.is_compiling
         self._get_device = getattr(torch._C, "_cuda_getDevice", None)
@@ -160,7 +161,7 @@ class FastLaunch:
         if not (_quiet(rt.launch_enter_hook) and _quiet(rt.launch_exit_hook)):
             _log_once("a Triton launch hook is set (a profiler?)")
             return False
-        if self._pre_run_hooks:
+        if getattr(self._kernel, "pre_run_hooks", None):
             _log_once("the kernel has pre-run hooks")
             return False
         if self._is_compiling():
@@ -169,6 +170,11 @@ class FastLaunch:
             _log_once("the current CUDA device is not the one the kernels were bound on")
             return False
         return True
+
+    def on_other_device(self) -> bool:
+        """The current CUDA device is not the buffer's: a normal launch must switch to
+        the buffer's device first, or Triton would launch on the current one."""
+        return self._get_device is not None and self._get_device() != self.device_index
 
 
 def _quiet(hook) -> bool:

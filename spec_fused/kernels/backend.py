@@ -1,0 +1,234 @@
+"""Which implementation runs the fused step on a device, compiled ahead of serving.
+
+Why these live together: choosing a backend (compiled Triton, the interpreter, the torch
+reference, or the benchmarks' ``null`` seam), compiling its variants before the first
+request (``prewarm``) and proving on the device that what was compiled gives the
+reference's answers (the start-up canary) are one decision - which code is trusted to
+run here - and ``doctor`` reports it from this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from spec_fused.kernels import publish_gather as kernel
+
+__all__ = ["BACKENDS", "ENV_BENCH", "ENV_FORCE_BACKEND", "Verdict", "backend_for", "canary",
+           "explain_backend", "explain_relay_backend", "prewarm", "verdict_for"]
+
+# The three of backend_for, plus "null" (SPEC_FUSED_FORCE_BACKEND=null with
+# SPEC_FUSED_BENCH=1): the whole host path and no device work, to price the wrapper.
+BACKENDS = ("triton", "interpreter", "reference", "null")
+
+
+def explain_backend(device) -> tuple[str, str]:
+    """``(backend, why)`` for ``device``: what :func:`backend_for` picks, and the reason."""
+    device = torch.device(device)
+    if os.environ.get("SPEC_FUSED_FORCE_REFERENCE") == "1":
+        return "reference", "SPEC_FUSED_FORCE_REFERENCE=1"
+    proven = _verdicts.get(str(device))
+    if proven is not None and proven.backend == "reference" and proven.downgraded:
+        return "reference", f"start-up canary: {proven.notes[-1]}"
+    if kernel._publish_gather_kernel is None:
+        return "reference", "no Triton (import failed): plain-torch reference"
+    if kernel._IS_INTERPRETED:
+        if device.type == "cpu":
+            return "interpreter", "TRITON_INTERPRET=1 (set before Triton was imported)"
+        return "reference", "TRITON_INTERPRET=1 runs CPU tensors only: plain-torch reference"
+    if device.type == "cuda":
+        return "triton", "Triton compiled"
+    if device.type == "cpu":
+        return "reference", "Triton compiles for GPUs; TRITON_INTERPRET=1 would interpret on CPU"
+    return "reference", f"Triton cannot drive {device.type} here: plain-torch reference"
+
+
+ENV_FORCE_BACKEND = "SPEC_FUSED_FORCE_BACKEND"
+ENV_BENCH = "SPEC_FUSED_BENCH"
+
+
+def explain_relay_backend(device) -> tuple[str, str]:
+    """``(backend, why)`` the relay's launcher uses on ``device``: :func:`explain_backend`,
+    or ``"null"`` under ``SPEC_FUSED_FORCE_BACKEND=null`` together with
+    ``SPEC_FUSED_BENCH=1`` - the measurement seam that runs the relay's whole host path
+    with no device work. ``null`` is never picked otherwise, and never by a fallback."""
+    forced = os.environ.get(ENV_FORCE_BACKEND, "")
+    backend, why = explain_backend(device)
+    if not forced:
+        return backend, why
+    if forced != "null":
+        return backend, f"{why} ({ENV_FORCE_BACKEND}={forced!r} ignored: only 'null' is known)"
+    if os.environ.get(ENV_BENCH) != "1":
+        return backend, f"{why} ({ENV_FORCE_BACKEND}=null ignored: it needs {ENV_BENCH}=1)"
+    return "null", f"{ENV_FORCE_BACKEND}=null with {ENV_BENCH}=1: no device work, " \
+                   f"results unspecified (benchmarks only)"
+
+
+def backend_for(device) -> str:
+    """Which implementation ``publish_gather`` uses on ``device``.
+
+    ``"triton"`` (compiled, CUDA/ROCm), ``"interpreter"`` (CPU tensors under
+    ``TRITON_INTERPRET=1`` set before Triton was imported) or ``"reference"`` (plain torch:
+    no Triton, or a device Triton cannot drive here, e.g. MPS, NPU, XPU, or CPU without the
+    interpreter). ``SPEC_FUSED_FORCE_REFERENCE=1`` forces the reference everywhere."""
+    return explain_backend(device)[0]
+
+
+# ---------------------------------------------------------------------------- canary
+
+
+@dataclass
+class Verdict:
+    """What the start-up canary proved on one device: the backend the relay will use
+    there, whether the direct launch may be used, and each step down with why."""
+
+    device: str
+    backend: str
+    direct: bool
+    cases: int = 0
+    notes: list = field(default_factory=list)
+
+    @property
+    def downgraded(self) -> bool:
+        return bool(self.notes)
+
+    def describe(self) -> str:
+        how = "direct launch" if self.direct else "normal launch"
+        if self.backend not in ("triton", "interpreter"):
+            how = "torch reference"
+        text = f"{how}: {self.cases} cases match the torch reference"
+        return text if not self.notes else f"{text}; " + "; ".join(self.notes)
+
+
+_verdicts: dict = {}
+
+
+def verdict_for(device) -> Optional[Verdict]:
+    """The canary's verdict for ``device`` in this process, if it ran."""
+    return _verdicts.get(str(torch.device(device)))
+
+
+# (publish values dtype or None, gather from pinned host indices, host mirror, batch):
+# every combination the relay launches, and the publish-only launch of a flush.
+_CASES = [(values, pinned, host, 4)
+          for values in (torch.int64, torch.int32, None)
+          for pinned in (False, True)
+          for host in (False, True)] + [(torch.int64, False, False, 0),
+                                        (torch.int32, False, False, 0)]
+
+
+class CanaryMismatch(AssertionError):
+    """A launch gave other results than the torch reference on the same inputs."""
+
+
+def _check_case(launcher, mirror, case, step: int, lean: bool, stream, sync) -> None:
+    """One launch of ``case`` through ``launcher`` (``lean``: the per-step path, which
+    is the direct launch where bound; else the checked, normal launch), compared with
+    the reference run on the host mirror of the same buffer."""
+    values_dtype, pinned, host, n = case
+    device = launcher.buf.device
+    gen = torch.Generator().manual_seed(1000 + step)
+    pool = launcher.buf.shape[0]
+    slots = torch.randperm(pool - 1, generator=gen)[:6] + 1
+    gather_cpu, publish_cpu = slots[:n], slots[2:]
+    values_cpu = torch.randint(0, 1 << 20, (publish_cpu.shape[0],), generator=gen)
+    want = kernel.publish_gather_reference(
+        mirror, gather_cpu, publish_cpu if values_dtype else None,
+        values_cpu.to(values_dtype) if values_dtype else None)
+    gather = launcher.stage_host_indices(gather_cpu) if pinned else gather_cpu.to(device)
+    pi = publish_cpu.to(device) if values_dtype else None
+    pv = values_cpu.to(values_dtype).to(device) if values_dtype else None
+    with stream:
+        out = (launcher.launch if lean else launcher.launch_checked)(gather, pi, pv, host)
+        sync()
+    got = out.cpu()
+    if not torch.equal(got, want.seq_lens):
+        raise CanaryMismatch(f"lengths {got.tolist()} != {want.seq_lens.tolist()} ({case})")
+    if n and int(launcher.out_sum) != int(want.seq_lens_sum):
+        raise CanaryMismatch(f"sum {int(launcher.out_sum)} != {int(want.seq_lens_sum)} "
+                             f"({case})")
+    if host:
+        lens, total = launcher.read_row(launcher.stamp, got.shape[0])
+        if not torch.equal(lens, want.seq_lens) or total != int(want.seq_lens_sum):
+            raise CanaryMismatch(f"host row {lens.tolist()}/{total} != "
+                                 f"{want.seq_lens.tolist()}/{int(want.seq_lens_sum)} ({case})")
+    if not torch.equal(launcher.buf.cpu(), mirror):
+        raise CanaryMismatch(f"the published buffer differs from the reference's ({case})")
+
+
+def _run_cases(launcher, stream, sync, *, lean: bool) -> int:
+    mirror = torch.arange(launcher.buf.shape[0], dtype=torch.int64) * 7
+    launcher.buf.copy_(mirror)
+    n = 0
+    for step, case in enumerate(_CASES):
+        _check_case(launcher, mirror, case, step, False, stream, sync)  # compiles, binds
+        n += 1
+        if lean:
+            _check_case(launcher, mirror, case, 100 + step, True, stream, sync)
+            n += 1
+    return n
+
+
+def canary(device, *, make_launcher=None) -> Verdict:
+    """Before serving: every variant the relay will launch on ``device`` runs on scratch
+    data through the path it will use - the direct launch, the normal launch, the pinned
+    host ring, a private high-priority stream - and each result (lengths, sum, host row
+    and stamp, the published buffer) is compared with the torch reference. A mismatch or
+    an error blocks the direct launch (the normal launch is used); if the normal launch
+    is wrong too, the relay uses the reference. Each step down is logged once; ``doctor``
+    and ``selftest`` show the verdict. It costs milliseconds at start-up and nothing per
+    step. ``make_launcher(buf, backend)`` stands in for the launcher (tests)."""
+    from spec_fused.kernels.step_launcher import PublishGather
+
+    device = torch.device(device)
+    make_launcher = make_launcher or (lambda buf, backend: PublishGather(buf, backend=backend))
+    backend = backend_for(device)
+    verdict = Verdict(str(device), backend, direct=backend == "triton")
+    _verdicts[str(device)] = verdict
+    if backend not in ("triton", "interpreter"):
+        return verdict  # the reference is what the others are held to
+    scratch = torch.zeros((64,), dtype=torch.int64, device=device)
+    if device.type == "cuda":
+        private = torch.cuda.Stream(device, priority=-1)
+        stream, sync = torch.cuda.stream(private), private.synchronize
+    else:
+        stream, sync = contextlib.nullcontext(), (lambda: None)
+    launcher = make_launcher(scratch, backend)
+    try:
+        verdict.cases += _run_cases(launcher, stream, sync, lean=True)
+        fast = launcher._fast
+        verdict.direct = fast is not None and fast.blocked is None
+        return verdict
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        verdict.direct = False
+        verdict.notes.append(f"the direct launch failed the canary ({why}): normal launch")
+        _log(device, verdict.notes[-1])
+    launcher = make_launcher(scratch, backend)
+    if launcher._fast is not None:
+        launcher._fast.block("the start-up canary failed the direct launch")
+    try:
+        verdict.cases += _run_cases(launcher, stream, sync, lean=False)
+        return verdict
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        verdict.backend = "reference"
+        verdict.notes.append(f"the fused kernel failed the canary ({why}): torch reference")
+        _log(device, verdict.notes[-1])
+    return verdict
+
+
+def _log(device, note: str) -> None:
+    logging.getLogger("spec_fused").warning("spec_fused: start-up canary on %s: %s",
+                                            device, note)
+
+
+def prewarm(device) -> Verdict:
+    """Compile and prove, before serving: the canary runs every variant the relay launches
+    on ``device``, so nothing is compiled or loaded while a server is serving."""
+    return canary(device)

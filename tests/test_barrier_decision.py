@@ -1,0 +1,90 @@
+"""The WAR-barrier decision the patch makes, through SGLang's own ``_apply_war_barrier``,
+over every configuration: algorithm x ``needs_cpu_seq_lens`` x two-batch overlap x the
+worker's declaration x ``SPEC_FUSED_WAR_BARRIER`` x upstream's platform gate.
+
+The fast tier reads the installed release's ``Scheduler._apply_war_barrier`` out of its
+``scheduler.py`` (tests/upstream_fixtures.py: same code, same fingerprint) so it needs no
+model stack; the heavy tier runs the same matrix on the real ``Scheduler`` class of every
+release (tests/test_scheduler_tier.py). Expected values are rules, never the patch's own
+decision."""
+
+import importlib.util
+
+import pytest
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+from spec_fused.integration import sglang_patch
+from spec_fused.integration.hooks import PatchSet
+from upstream_fixtures import (
+    BACKEND_TBO,
+    check_barrier_matrix,
+    light_scheduler,
+)
+
+
+@pytest.fixture(scope="module")
+def scheduler_cls(tmp_path_factory):
+    module = light_scheduler(tmp_path_factory.mktemp("scheduler"))
+    patches = PatchSet()
+    sglang_patch._patch_scheduler(patches, module, sglang_patch._sglang_version())
+    assert isinstance(module.Scheduler.__dict__.get("_war_barrier_enabled"), property), \
+        "the patch refused the installed release's own _apply_war_barrier"
+    sglang_patch.apply()
+    yield module.Scheduler
+    sglang_patch.remove()
+    patches.undo()
+
+
+@pytest.mark.parametrize("algorithm", list(SpeculativeAlgorithm), ids=lambda a: a.name)
+@pytest.mark.parametrize("needs_cpu, tbo", BACKEND_TBO)
+def test_barrier_matrix(scheduler_cls, algorithm, needs_cpu, tbo, monkeypatch):
+    check_barrier_matrix(scheduler_cls, algorithm, needs_cpu=needs_cpu, tbo=tbo,
+                         monkeypatch=monkeypatch)
+
+
+def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
+    """An ``_apply_war_barrier`` that is not a tested release's: not patched, one line."""
+    import logging
+
+    from spec_fused import relay as relay_mod
+
+    light_scheduler(tmp_path)
+    path = tmp_path / "light_scheduler.py"
+    path.write_text(path.read_text().replace("if not self._war_barrier_enabled:",
+                                             "if not self._war_barrier_enabled or False:"))
+    spec = importlib.util.spec_from_file_location("sglang.srt.managers.scheduler", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    relay_mod._logged.clear()
+    patches = PatchSet()
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        sglang_patch._patch_scheduler(patches, module, sglang_patch._sglang_version())
+    assert "_war_barrier_enabled" not in module.Scheduler.__dict__
+    lines = [r.getMessage() for r in caplog.records if "WAR barrier stays" in r.getMessage()]
+    assert len(lines) == 1 and "Scheduler._apply_war_barrier changed code" in lines[0]
+
+
+@pytest.mark.parametrize("tbo", [False, True])
+def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(scheduler_cls, tbo,
+                                                                      monkeypatch):
+    """A worker that declares it needs no host lengths gets none - unless two-batch
+    overlap is on, read the way the installed release reads it: then exact, as upstream
+    forces them (TBO splits batches on host lengths)."""
+    from types import SimpleNamespace
+
+    from spec_fused import relay as relay_mod
+    from spec_fused.traces import TraceConfig, make_future_map
+    from upstream_fixtures import barrier_calls, make_scheduler, server_config
+
+    monkeypatch.delenv("SPEC_FUSED_WAR_BARRIER", raising=False)
+    algo = SpeculativeAlgorithm.EAGLE
+    with server_config(tbo=tbo, algorithm="EAGLE") as args:
+        fm = make_future_map(algo, TraceConfig(pool=16, max_len=8), needs_cpu_seq_lens=True)
+        sched = make_scheduler(scheduler_cls, algo, fm,
+                               worker=SimpleNamespace(host_seq_lens="none"), server_args=args)
+        barrier_calls(sched, True)
+        relay = relay_mod.relay_for(fm)
+    assert relay.host_seq_lens == ("exact" if tbo else "none"), relay.caps.explain()
+    if tbo:
+        assert relay.caps.host_source == "forced"
+        assert "two-batch overlap" in relay.caps.why_host()

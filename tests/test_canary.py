@@ -1,0 +1,109 @@
+"""The start-up canary catches a wrong launcher and a wrong kernel before serving.
+
+On a CPU the direct launch is stood in for by a compiled-kernel stand-in that runs the
+real kernel in the interpreter (tests/fake_triton.py); planting a fault in it is a wrong
+launcher, planting one in the kernel's normal launch is a wrong kernel."""
+
+import logging
+
+import pytest
+
+from fake_triton import FakeCompiled, bound_launcher
+from spec_fused import relay as relay_mod
+from spec_fused.kernels import backend as backend_mod
+from spec_fused.kernels import publish_gather as kernel
+from spec_fused.traces import TraceConfig, make_future_map, run_trace
+
+
+@pytest.fixture(autouse=True)
+def fresh_verdicts():
+    backend_mod._verdicts.clear()
+    relay_mod._logged.clear()
+    yield
+    backend_mod._verdicts.clear()
+
+
+def _canary(corrupt=None):
+    compiled = FakeCompiled(corrupt=corrupt)
+    return backend_mod.canary("cpu", make_launcher=lambda buf, backend: bound_launcher(
+        buf, compiled, backend)), compiled
+
+
+def test_a_sound_launcher_passes_every_case_through_the_direct_launch():
+    verdict, compiled = _canary()
+    assert verdict.backend == "interpreter" and verdict.direct and not verdict.downgraded
+    assert verdict.cases == 2 * len(backend_mod._CASES)
+    assert len(compiled.calls) == len(backend_mod._CASES)  # every lean launch was direct
+    assert "match the torch reference" in verdict.describe()
+
+
+def test_a_wrong_direct_launch_is_caught_and_the_normal_launch_used(caplog):
+    def off_by_one(out):
+        out += 1
+
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        verdict, _ = _canary(corrupt=off_by_one)
+    assert verdict.backend == "interpreter" and not verdict.direct
+    assert len(verdict.notes) == 1 and "direct launch failed the canary" in verdict.notes[0]
+    lines = [r.getMessage() for r in caplog.records if "start-up canary" in r.getMessage()]
+    assert len(lines) == 1 and "normal launch" in lines[0]
+
+
+def test_a_wrong_kernel_is_caught_and_the_reference_serves(monkeypatch, caplog):
+    real = kernel._launch
+
+    def wrong(buf, gather_indices, publish_indices, publish_values, out, *args, **kwargs):
+        compiled = real(buf, gather_indices, publish_indices, publish_values, out, *args,
+                        **kwargs)
+        out.mul_(2)
+        return compiled
+
+    monkeypatch.setattr(kernel, "_launch", wrong)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        verdict = backend_mod.canary("cpu")
+    assert verdict.backend == "reference" and verdict.downgraded
+    assert "fused kernel failed the canary" in verdict.notes[-1]
+    # From now on the device's backend is the reference, and serving is right.
+    backend, why = backend_mod.explain_backend("cpu")
+    assert backend == "reference" and "start-up canary" in why
+    from spec_fused.integration import sglang_patch
+
+    cfg = TraceConfig(seed=3, steps=20)
+    want = run_trace(make_future_map("EAGLE", cfg), cfg)
+    sglang_patch.apply()
+    try:
+        fm = make_future_map("EAGLE", cfg)
+        got = run_trace(fm, cfg)
+        assert relay_mod.relay_for(fm).launcher.backend == "reference"
+    finally:
+        sglang_patch.remove()
+    assert got == want
+
+
+def test_a_launch_that_raises_is_caught_like_a_wrong_one():
+    def boom(out):
+        raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+
+    verdict, _ = _canary(corrupt=boom)
+    assert not verdict.direct and "illegal memory access" in verdict.notes[0]
+
+
+def test_the_reference_needs_no_canary(monkeypatch):
+    monkeypatch.setenv("SPEC_FUSED_FORCE_REFERENCE", "1")
+    verdict = backend_mod.canary("cpu")
+    assert verdict.backend == "reference" and verdict.cases == 0 and not verdict.downgraded
+
+
+def test_a_wrong_host_row_is_caught(monkeypatch):
+    """The kernel's host-mirror store is checked too, not only the lengths."""
+    real = kernel._launch
+
+    def wrong_row(buf, gi, pi, pv, out, out_sum, host_out, *args, **kwargs):
+        compiled = real(buf, gi, pi, pv, out, out_sum, host_out, *args, **kwargs)
+        if host_out is not None and gi.numel():
+            host_out[0] += 5
+        return compiled
+
+    monkeypatch.setattr(kernel, "_launch", wrong_row)
+    verdict = backend_mod.canary("cpu")
+    assert verdict.backend == "reference" and "host row" in verdict.notes[-1]

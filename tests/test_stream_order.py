@@ -1,0 +1,246 @@
+"""The relay's CUDA stream and event logic, on a CPU: which stream waits for what, where
+each launch runs, where ``publish_ready`` is recorded, when the host blocks.
+
+Every CUDA call the relay makes goes through one object (``relay.CudaOps``); here a
+stand-in records the calls in order while the launches themselves run on CPU tensors
+(Triton interpreter), so the lengths are checked too. ``tests/test_gpu.py`` runs the same
+paths on real streams."""
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from spec_fused import relay as relay_mod
+from spec_fused.integration import sglang_patch
+from spec_fused.traces import TraceConfig, decode_batch, make_future_map
+
+CFG = TraceConfig(pool=16, max_len=32)
+
+
+class FakeStream:
+    def __init__(self, name, log, handle):
+        self.name, self.log, self.cuda_stream = name, log, handle
+
+    def wait_event(self, event):
+        self.log.append((self.name, "wait_event", event.name))
+
+    def wait_stream(self, stream):
+        self.log.append((self.name, "wait_stream", stream.name))
+
+    def synchronize(self):
+        self.log.append(("host", "synchronize", self.name))
+
+
+class FakeEvent:
+    def __init__(self, name, ops):
+        self.name, self.ops = name, ops
+
+    def record(self, stream=None):
+        stream = stream or self.ops.current
+        self.ops.log.append((stream.name, "record", self.name))
+
+    def wait(self, stream=None):
+        (stream or self.ops.current).wait_event(self)
+
+    def synchronize(self):
+        self.ops.log.append(("host", "synchronize", self.name))
+
+    def query(self):
+        return True
+
+
+class FakeOps:
+    """``relay.CudaOps`` with streams that log: schedule (current), forward, relay."""
+
+    def __init__(self, relay_handles=(3,)):
+        self.log = []
+        self.schedule = FakeStream("schedule", self.log, 1)
+        self.forward = FakeStream("forward", self.log, 2)
+        self.current = self.schedule
+        self.capturing_now = False
+        self._handles = list(relay_handles)
+        self._events = 0
+
+    def current_stream(self):
+        return self.current
+
+    def capturing(self):
+        return self.capturing_now
+
+    @contextlib.contextmanager
+    def stream_ctx(self, stream):
+        saved, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = saved
+
+    def on(self, stream):
+        return self.stream_ctx(stream)
+
+    def event(self):
+        self._events += 1
+        return FakeEvent(f"event{self._events}", self)
+
+    def new_stream(self, avoid):
+        for handle in self._handles:
+            if handle not in avoid:
+                self._handles.remove(handle)
+                return FakeStream(f"relay{handle}", self.log, handle)
+        raise AssertionError("ran out of stand-in streams")
+
+    @staticmethod
+    def handle(stream):
+        return stream.cuda_stream
+
+    def record_stream(self, tensor, stream):
+        self.log.append((stream.name, "record_stream"))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A patched FutureMap whose relay makes its CUDA calls through a FakeOps, with its
+    launches marked in the log (which stream was current)."""
+    ops = FakeOps()
+    monkeypatch.setattr(relay_mod, "ops_for", lambda device: ops)
+    relay_mod._logged.clear()
+    sglang_patch.apply()
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([1, 2]), torch.tensor([10, 20]))
+    relay = relay_mod.relay_for(fm)
+    launch = relay._launch
+
+    def logged(gi, pi, pv, host):
+        ops.log.append((ops.current.name, "launch", "host" if host else "device"))
+        return launch(gi, pi, pv, host)
+
+    relay._launch = logged
+    ops.log.clear()
+    yield SimpleNamespace(ops=ops, fm=fm, relay=relay, ready=fm.publish_ready.name,
+                          done=relay.done_event.name)
+    sglang_patch.remove()
+
+
+def test_exact_lengths_wait_for_the_publish_only_and_the_host_for_one_launch(fake):
+    ops, fm = fake.ops, fake.fm
+    batch = decode_batch([1, 2], CFG)
+    fm.resolve_seq_lens_cpu(batch)  # on the schedule stream
+    relay = fake.relay.relay_stream.name
+    assert ops.log == [
+        (relay, "wait_event", fake.ready),        # gated on publish_ready, nothing else
+        (relay, "launch", "host"),                # the one launch, on the private stream
+        (relay, "record", fake.done),
+        ("schedule", "wait_event", fake.done),    # the caller's stream, on the device
+        ("schedule", "record_stream"),
+        ("host", "synchronize", fake.done),       # the host waits for this launch only
+    ]
+    assert batch.seq_lens.tolist() == [10, 20]
+    assert batch.seq_lens_cpu.tolist() == [10, 20] and batch.seq_lens_sum == 30
+
+
+def test_without_pinned_host_indices_the_private_stream_orders_behind_the_schedule(fake):
+    batch = decode_batch([1, 2], CFG)
+    batch.req_pool_indices_cpu = None
+    fake.fm.resolve_seq_lens_cpu(batch)
+    relay = fake.relay.relay_stream.name
+    assert fake.ops.log[:2] == [(relay, "wait_stream", "schedule"),
+                                (relay, "wait_event", fake.ready)]
+    assert batch.seq_lens_cpu.tolist() == [10, 20]
+
+
+def test_gpu_only_lengths_wait_on_the_device_and_launch_on_the_callers_stream(fake):
+    fake.fm.needs_cpu_seq_lens = False
+    batch = decode_batch([1, 2], CFG)
+    fake.fm.resolve_seq_lens_cpu(batch)
+    assert fake.ops.log == [("schedule", "wait_event", fake.ready),
+                            ("schedule", "launch", "device")]
+    assert batch.seq_lens_cpu is None and batch.seq_lens_sum is None
+
+
+def test_a_mixed_chunk_flush_runs_on_the_private_stream_gated_on_the_publish(fake):
+    """A mixed batch (``spec_info=None``) lands the pending publish: on the private stream,
+    behind ``publish_ready`` only, which is re-recorded there - not on the schedule stream,
+    which sits behind the WAR barrier, so SGLang's mixed-tail resolve (which blocks the
+    host on ``publish_ready``) waits for the publish point, not for the forward."""
+    ops, fm = fake.ops, fake.fm
+    fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))
+    relay = fake.relay.relay_stream.name
+    assert ops.log == [
+        (relay, "wait_event", fake.ready),
+        (relay, "record_stream"), (relay, "record_stream"),  # the publish's tensors
+        (relay, "launch", "device"),                         # publish-only
+        (relay, "record", fake.ready),                       # re-recorded after it
+        ("schedule", "wait_event", fake.ready),              # on the device only
+    ]
+    assert not [e for e in ops.log if e[0] == "schedule" and e[1] in ("launch", "record")]
+    assert fm.__dict__["new_seq_lens_buf"][1:3].tolist() == [10, 20]
+
+
+def test_a_second_publish_orders_the_forward_behind_the_landed_first(fake):
+    ops, fm = fake.ops, fake.fm
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([2, 3]), torch.tensor([21, 30]))
+    relay = fake.relay.relay_stream.name
+    assert ops.log == [
+        (relay, "wait_event", fake.ready),
+        (relay, "record_stream"), (relay, "record_stream"),
+        (relay, "launch", "device"),             # the first publish lands ...
+        (relay, "record", fake.ready),
+        ("forward", "wait_event", fake.ready),   # ... before the forward goes on
+        ("forward", "record", fake.ready),       # and the second publish is recorded
+    ]
+    batch = decode_batch([1, 2, 3], CFG)
+    fm.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens.tolist() == [10, 21, 30]
+
+
+def test_a_publish_under_graph_capture_lands_at_once_in_the_capture(fake):
+    ops, fm, relay = fake.ops, fake.fm, fake.relay
+    fm.resolve_seq_lens_cpu(decode_batch([1, 2], CFG))  # consume the pending publish
+    ops.log.clear()
+    ops.capturing_now = True
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([4]), torch.tensor([40]))
+    assert relay.pending is None  # never deferred: a deferred write would not replay
+    assert ops.log == [("forward", "launch", "device"), ("forward", "record", fake.ready)]
+    assert fm.__dict__["new_seq_lens_buf"][4] == 40
+
+
+def test_a_publish_pending_when_capture_begins_lands_outside_it(fake):
+    ops, fm, relay = fake.ops, fake.fm, fake.relay
+    ops.capturing_now = True
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([4]), torch.tensor([40]))
+    relay_name = relay.relay_stream.name
+    assert ops.log == [
+        (relay_name, "wait_event", fake.ready),
+        (relay_name, "record_stream"), (relay_name, "record_stream"),
+        (relay_name, "launch", "device"),        # the pending publish, outside the capture
+        (relay_name, "record", fake.ready),
+        ("forward", "launch", "device"),         # the captured one, in it
+        ("forward", "record", fake.ready),
+    ]  # and no wait of the capturing stream on an event recorded outside the capture
+    assert fm.__dict__["new_seq_lens_buf"][[1, 2, 4]].tolist() == [10, 20, 40]
+
+
+def test_the_private_stream_is_redrawn_when_it_is_one_of_sglangs(monkeypatch):
+    """CUDA hands streams out round-robin: the first one drawn aliases the schedule
+    stream here, so it is replaced by one that is none of SGLang's."""
+    ops = FakeOps(relay_handles=(1, 2, 5))  # 1 is the schedule stream's handle
+    monkeypatch.setattr(relay_mod, "ops_for", lambda device: ops)
+    sglang_patch.apply()
+    try:
+        fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
+        with ops.on(ops.forward):
+            fm.publish(torch.tensor([1]), torch.tensor([10]))
+        relay = relay_mod.relay_for(fm)
+        assert relay.relay_stream.cuda_stream == 1  # the draw aliased the schedule stream
+        batch = decode_batch([1], CFG)
+        fm.resolve_seq_lens_cpu(batch)
+        assert relay.relay_stream.cuda_stream == 5  # neither schedule (1) nor forward (2)
+        assert batch.seq_lens_cpu.tolist() == [10]
+    finally:
+        sglang_patch.remove()
