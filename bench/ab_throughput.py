@@ -60,236 +60,17 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Optional
 
-from bench import common  # first: sets TRITON_INTERPRET on CPU before triton is imported
+from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton is imported
 
 import torch
+
+from bench.overlap_model import WORKLOADS, Forward, Requests, Workload, make_timeline
+from spec_fused import measure
 
 ARMS = ("A", "B", "C")
 ALGORITHMS = ("DFLASH", "EAGLE")
 FULL_CONCURRENCY = (1, 8, 32, 64, 128, 256)
 QUICK_CONCURRENCY = (1, 32, 128)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What one decode step costs, device and host. It is a model: the defaults stand for
-    a small (~1-3B) target with CUDA graphs, whose forward costs ``fwd_base_ms`` plus
-    ``fwd_per_token_us`` per verified token; the scheduler's per-step Python
-    (``get_next_batch_to_run`` + ``process_batch_result``) costs ``sched_base_us`` plus
-    ``sched_per_req_us`` per request; preparing and enqueuing the forward after the
-    resolve (``ForwardBatch`` init, attention metadata from the host lengths, graph
-    replay) costs ``launch_us`` plus ``launch_per_req_us`` per request. Larger models
-    mean longer forwards and smaller relay shares; every field has a flag."""
-
-    algorithm: str
-    max_accept: int  # accepted tokens per request and step: 1..max_accept
-    accept_rate: float  # per-draft-token acceptance probability
-    verify_tokens: int  # tokens verified per request and step
-    fwd_base_ms: float = 2.5
-    fwd_per_token_us: float = 5.0
-    publish_frac: float = 0.7  # share of the forward before on_publish (verify)
-    sched_base_us: float = 300.0
-    sched_per_req_us: float = 3.0
-    launch_us: float = 150.0
-    launch_per_req_us: float = 1.0
-    out_len: tuple = (64, 512)
-    prompt_len: tuple = (128, 1024)
-
-    def forward_s(self, batch: int) -> float:
-        return (self.fwd_base_ms * 1e-3
-                + self.fwd_per_token_us * 1e-6 * self.verify_tokens * batch)
-
-    def host_s(self, batch: int) -> float:
-        return (self.sched_base_us + self.sched_per_req_us * batch) * 1e-6
-
-    def launch_s(self, batch: int) -> float:
-        return (self.launch_us + self.launch_per_req_us * batch) * 1e-6
-
-    def draw_accept(self, rng: random.Random) -> int:
-        accept = 1  # the bonus token always lands
-        while accept < self.max_accept and rng.random() < self.accept_rate:
-            accept += 1
-        return accept
-
-
-WORKLOADS = {
-    "DFLASH": Workload("DFLASH", max_accept=16, accept_rate=0.8, verify_tokens=16),
-    "EAGLE": Workload("EAGLE", max_accept=4, accept_rate=0.7, verify_tokens=8,
-                      fwd_base_ms=2.0),
-}
-
-
-# --------------------------------------------------------------------------- timelines
-
-
-@dataclass
-class Forward:
-    done: object = None  # CUDA event
-    publish_at: float = 0.0  # virtual timeline (CPU)
-    done_at: float = 0.0
-
-
-def sleep_until(deadline: float) -> None:
-    remaining = deadline - time.perf_counter()
-    if remaining > 3e-4:
-        time.sleep(remaining - 2e-4)
-    common.spin_until(deadline)
-
-
-class CudaTimeline:
-    """SGLang's two streams; the forward is ``torch.cuda._sleep`` of calibrated cycles."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.schedule_stream = torch.cuda.Stream(device)
-        self.forward_stream = torch.cuda.Stream(device)
-        self.cycles_per_s = self._calibrate()
-
-    def _calibrate(self) -> float:
-        torch.cuda._sleep(1000)
-        rates = []
-        for cycles in (2_000_000, 10_000_000, 10_000_000):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.cuda._sleep(cycles)
-            end.record()
-            end.synchronize()
-            rates.append(cycles / (start.elapsed_time(end) * 1e-3))
-        return common.median(rates[1:])
-
-    def scope(self):
-        return torch.cuda.stream(self.schedule_stream)
-
-    def stage(self, values: list) -> torch.Tensor:
-        """H2D from pinned memory on the schedule stream, as SGLang stages batch inputs."""
-        host = torch.tensor(values, dtype=torch.int64).pin_memory()
-        return host.to(self.device, non_blocking=True)
-
-    def _sleep(self, seconds: float) -> None:
-        cycles = int(seconds * self.cycles_per_s)
-        if cycles > 0:
-            torch.cuda._sleep(cycles)
-
-    def forward(self, part1_s: float, part2_s: float,
-                on_publish: Optional[Callable]) -> Forward:
-        with torch.cuda.stream(self.forward_stream):
-            self.forward_stream.wait_stream(self.schedule_stream)
-            self._sleep(part1_s)
-            if on_publish is not None:
-                on_publish()
-            self._sleep(part2_s)
-            done = torch.cuda.Event()
-            done.record(self.forward_stream)
-        return Forward(done=done)
-
-    def before_resolve(self, last: Forward) -> None:
-        """Nothing: on CUDA the relay orders itself behind the publish (event / stream)."""
-
-    def war_barrier(self) -> None:
-        self.schedule_stream.wait_stream(self.forward_stream)
-
-    def wait_done(self, fwd: Forward) -> None:
-        fwd.done.synchronize()
-
-    def drain(self) -> None:
-        torch.cuda.synchronize(self.device)
-
-
-class VirtualTimeline:
-    """CPU: the forward occupies a virtual device for its duration; waits sleep until then."""
-
-    cycles_per_s = None
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.free_at = 0.0
-
-    def scope(self):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def stage(self, values: list) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64)
-
-    def forward(self, part1_s, part2_s, on_publish) -> Forward:
-        start = max(time.perf_counter(), self.free_at)
-        fwd = Forward(publish_at=start + part1_s, done_at=start + part1_s + part2_s)
-        if on_publish is not None:
-            on_publish()  # the host enqueues it mid-forward; its data is ready at publish_at
-        self.free_at = fwd.done_at
-        return fwd
-
-    def before_resolve(self, last: Forward) -> None:
-        sleep_until(last.publish_at)
-
-    def war_barrier(self) -> None:
-        """Upstream enables the barrier on CUDA only (or SGLANG_ENABLE_WAR_BARRIER)."""
-
-    def wait_done(self, fwd: Forward) -> None:
-        sleep_until(fwd.done_at)
-
-    def drain(self) -> None:
-        sleep_until(self.free_at)
-
-
-def make_timeline(device: torch.device):
-    return CudaTimeline(device) if device.type == "cuda" else VirtualTimeline(device)
-
-
-# --------------------------------------------------------------------------- requests
-
-
-class Requests:
-    """Continuous batching at a fixed concurrency; slots come from a FIFO free list."""
-
-    def __init__(self, concurrency: int, pool: int, wl: Workload, seed: int):
-        if pool < 2 * concurrency + 2:
-            raise ValueError(f"pool {pool} too small for concurrency {concurrency}")
-        self.wl = wl
-        self.rng = random.Random(seed * 7919 + 1)
-        self.free = deque(range(1, pool))  # slot 0 is the KV padding row, as upstream
-        self.length: dict = {}
-        self.left: dict = {}
-        for _ in range(concurrency):
-            self._admit()
-
-    def _admit(self) -> int:
-        slot = self.free.popleft()
-        self.length[slot] = self.rng.randint(*self.wl.prompt_len)
-        self.left[slot] = self.rng.randint(*self.wl.out_len)
-        return slot
-
-    def initial(self) -> tuple:
-        slots = list(self.length)
-        return slots, [self.length[s] for s in slots]
-
-    def step(self, accepts: list) -> tuple:
-        """Advance the running batch by ``accepts``; returns the batch slots, their
-        lengths before the step, what the forward publishes and the accepted tokens."""
-        slots = list(self.length)
-        lens = [self.length[s] for s in slots]
-        pub_vals, finished, tokens = [], [], 0
-        for slot, accept in zip(slots, accepts):
-            got = min(accept, self.left[slot])
-            tokens += got
-            self.left[slot] -= got
-            self.length[slot] += accept
-            pub_vals.append(self.length[slot])
-            if self.left[slot] <= 0:
-                finished.append(slot)
-        pub_slots = list(slots)
-        for slot in finished:
-            del self.length[slot], self.left[slot]
-            self.free.append(slot)
-        for _ in finished:  # the prefill of a joining request publishes its first length
-            slot = self._admit()
-            pub_slots.append(slot)
-            pub_vals.append(self.length[slot])
-        return slots, lens, pub_slots, pub_vals, tokens
-
-
-# --------------------------------------------------------------------------- arms
 
 
 @dataclass
@@ -303,34 +84,40 @@ class Arm:
 
 
 def arm_b_env(algorithm: str, force_barrier_free: bool) -> Optional[dict]:
-    return common.ENV_BARRIER_FREE if force_barrier_free and algorithm == "DFLASH" else None
+    """``--force-barrier-free``: what an operator who has checked their own build sets."""
+    return {"SPEC_FUSED_WAR_BARRIER": "0"} if force_barrier_free and algorithm == "DFLASH" \
+        else None
 
 
-def arm_b_caps(algorithm: str, force_barrier_free: bool, needs_cpu_seq_lens: bool):
-    """The capabilities the patched Scheduler establishes for ``algorithm``."""
-    import os
+def production_caps(algorithm: str, needs_cpu_seq_lens: bool, env: Optional[dict]):
+    """Exactly the decision the patched scheduler and relay make for a FutureMap of
+    ``algorithm`` with these backends (``relay.future_map_caps``), under ``env``."""
     from types import SimpleNamespace
 
-    from spec_fused.caps import caps_for, establish
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    env = {**os.environ, **(arm_b_env(algorithm, force_barrier_free) or {})}
-    backends = [SimpleNamespace(needs_cpu_seq_lens=needs_cpu_seq_lens)]
-    return establish(caps_for(algorithm, attn_backends=backends, env=env), algorithm)
+    from spec_fused.relay import future_map_caps
+
+    with measure.env_set(env):
+        return future_map_caps(SimpleNamespace(spec_algo=SpeculativeAlgorithm[algorithm],
+                                               needs_cpu_seq_lens=needs_cpu_seq_lens))
 
 
 def make_arm(name: str, algorithm: str, device: torch.device, args) -> Arm:
+    """A = SGLang (its barrier: the platform gate, on CUDA); B = spec_fused, its barrier
+    and host lengths the production decision; C = no relay at all, B's barrier."""
     on_cuda = device.type == "cuda"
     if name == "A":
-        fm, _ = common.make_future_map(algorithm, device, args.pool, fused=False,
-                                       needs_cpu_seq_lens=args.needs_cpu_seq_lens)
+        fm, _ = measure.make_future_map(algorithm, device, args.pool, fused=False,
+                                        needs_cpu_seq_lens=args.needs_cpu_seq_lens)
         return Arm("A", fm, None, on_cuda, args.needs_cpu_seq_lens, "sglang")
-    caps = arm_b_caps(algorithm, args.force_barrier_free, args.needs_cpu_seq_lens)
+    env = arm_b_env(algorithm, args.force_barrier_free)
+    caps = production_caps(algorithm, args.needs_cpu_seq_lens, env)
     barrier = on_cuda and caps.needs_war_barrier
     if name == "C":
         return Arm("C", None, None, barrier, True, "ideal")
-    fm, relay = common.make_future_map(algorithm, device, args.pool, fused=True,
-                                       env=arm_b_env(algorithm, args.force_barrier_free),
-                                       needs_cpu_seq_lens=args.needs_cpu_seq_lens)
+    fm, relay = measure.make_future_map(algorithm, device, args.pool, fused=True, env=env,
+                                        needs_cpu_seq_lens=args.needs_cpu_seq_lens)
     if relay.caps.needs_war_barrier != caps.needs_war_barrier:
         raise RuntimeError(f"relay caps {relay.caps} disagree with the scheduler's {caps}")
     if args.kernel_backend != "auto":
@@ -350,7 +137,7 @@ def prewarm(arm: Arm, timeline, concurrency: int, pool: int) -> None:
             pub = timeline.stage(list(range(1, m + 1)))
             fwd = timeline.forward(0.0, 0.0, lambda pub=pub: arm.fm.publish(pub, pub))
             timeline.before_resolve(fwd)
-            arm.fm.resolve_seq_lens_cpu(common.decode_batch(gather, gather.to("cpu")))
+            arm.fm.resolve_seq_lens_cpu(measure.decode_batch(gather, gather.to("cpu")))
         timeline.drain()
 
 
@@ -398,25 +185,25 @@ class OverlapLoop:
         slots, lens, pub_slots, pub_vals, tokens = self.reqs.step(self.accepts[k])
         idx = self.timeline.stage(slots)
         pub_idx, pub_val = self.timeline.stage(pub_slots), self.timeline.stage(pub_vals)
-        common.spin_until(top + half)
+        harness.spin_until(top + half)
         fwd = self.run_batch(idx, slots, lens, self._publish(pub_idx, pub_val))
         self.keep_alive.append((idx, pub_idx, pub_val, self.batch))
         if self.arm.war_barrier:  # Scheduler._apply_war_barrier
             self.timeline.war_barrier()
         # process the previous batch's result: it waits for that forward
         self.timeline.wait_done(self.last)
-        common.spin_until(time.perf_counter() + half)
+        harness.spin_until(time.perf_counter() + half)
         self.last = fwd
         return tokens
 
     def run_batch(self, idx, slots, lens, publish) -> Forward:
         n = len(slots)
         if self.fm is not None:
-            self.batch = common.decode_batch(idx, torch.tensor(slots, dtype=torch.int64))
+            self.batch = measure.decode_batch(idx, torch.tensor(slots, dtype=torch.int64))
             self.expected = lens
             self.timeline.before_resolve(self.last)
             self.fm.resolve_seq_lens_cpu(self.batch)
-        common.spin_until(time.perf_counter() + self.wl.launch_s(n))  # forward prepare
+        harness.spin_until(time.perf_counter() + self.wl.launch_s(n))  # forward prepare
         fwd_s = self.wl.forward_s(n)
         return self.timeline.forward(fwd_s * self.wl.publish_frac,
                                      fwd_s * (1 - self.wl.publish_frac), publish)
@@ -448,7 +235,7 @@ class OverlapLoop:
     def check(self) -> None:
         """The last resolve gave the lengths the host knows (outside the timed region)."""
         if self.fm is not None:
-            common.check_resolved(self.batch, torch.tensor(self.expected, dtype=torch.int64),
+            measure.check_resolved(self.batch, torch.tensor(self.expected, dtype=torch.int64),
                                   host_lengths=self.arm.host_lengths,
                                   what=f"arm {self.arm.name}")
 
@@ -486,7 +273,7 @@ def run_all_arms(args, device, timeline) -> tuple:
                         runs.append((algorithm, conc, rnd, name, res))
                         arm_info[(algorithm, name)] = arm
                         bar.update(1)
-    common.set_patched(False)
+    measure.set_patched(False)
     return runs, arm_info
 
 
@@ -502,9 +289,9 @@ def aggregate(runs, arm_info, args, device) -> list:
                 arm = arm_info[(algorithm, name)]
                 rows.append({
                     "algorithm": algorithm, "concurrency": conc, "arm": name,
-                    "tokens_per_s": common.median(tps),
-                    "step_ms_p50": common.percentile(steps, 50),
-                    "step_ms_p99": common.percentile(steps, 99),
+                    "tokens_per_s": harness.median(tps),
+                    "step_ms_p50": harness.percentile(steps, 50),
+                    "step_ms_p99": harness.percentile(steps, 99),
                     "rounds": len(mine),
                     "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
                     "tokens_per_s_rounds": tps,
@@ -539,13 +326,16 @@ def summarize(rows: list) -> list:
             "gap_within_noise": within_noise,
             "A_step_ms_p50": a["step_ms_p50"], "B_step_ms_p50": b["step_ms_p50"],
             "C_step_ms_p50": c["step_ms_p50"], "B_variant": b["variant"],
+            "A_barrier": a["war_barrier"], "B_barrier": b["war_barrier"],
+            "C_barrier": c["war_barrier"],
         })
     return out
 
 
 SUMMARY_COLUMNS = ("algorithm", "concurrency", "A_tok_s", "B_tok_s", "C_tok_s", "B_over_A",
                    "C_over_A", "gap_share_recovered", "gap_within_noise", "A_step_ms_p50",
-                   "B_step_ms_p50", "C_step_ms_p50", "B_variant")
+                   "B_step_ms_p50", "C_step_ms_p50", "B_variant", "A_barrier", "B_barrier",
+                   "C_barrier")
 
 
 def write_markdown(path, summary: list, payload: dict, device: torch.device) -> None:
@@ -560,6 +350,8 @@ def write_markdown(path, summary: list, payload: dict, device: torch.device) -> 
         f"{cfg['steps']} ({cfg['warmup_steps']} untimed). Median tokens/s over rounds.",
         "",
         "A = SGLang's FutureMap (unpatched), B = spec_fused applied, C = no relay at all. "
+        "`X_barrier`: whether arm X ran the scheduler's WAR barrier (A: SGLang's platform "
+        "gate; B and C: spec_fused's production decision for this configuration). "
         "`gap_share_recovered` = (B - A) / (C - A); `gap_within_noise` = the A->C gap is not "
         "larger than half the rounds' spread, and the share is left out (`-`).",
         "",
@@ -570,7 +362,7 @@ def write_markdown(path, summary: list, payload: dict, device: torch.device) -> 
                   "milliseconds per launch). SGLang's CPU relay has no D2H copy and no real "
                   "sync to remove, so these numbers show the replay and spec_fused's host "
                   "overhead, not what the fusion buys on a GPU.", ""]
-    lines += [common.format_table(summary, SUMMARY_COLUMNS, markdown=True), ""]
+    lines += [harness.format_table(summary, SUMMARY_COLUMNS, markdown=True), ""]
     path.write_text("\n".join(lines))
 
 
@@ -591,13 +383,13 @@ def plot(summary: list, rows: list, path, device: torch.device) -> None:
             pts = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows
                          if r["algorithm"] == algorithm and r["arm"] == arm)
             series[_ARM_LABEL[arm]] = tuple(zip(*pts))
-        common.plot_lines(series, path, title=f"{algorithm}: tokens/s{note}",
+        harness.plot_lines(series, path, title=f"{algorithm}: tokens/s{note}",
                           xlabel="concurrency", ylabel="accepted tokens/s", ax=axes[0][j],
                           colors=_ARM_COLOR)
         mine = sorted((s for s in summary if s["algorithm"] == algorithm),
                       key=lambda s: s["concurrency"])
         xs = [s["concurrency"] for s in mine]
-        common.plot_lines({"B/A": (xs, [s["B_over_A"] for s in mine]),
+        harness.plot_lines({"B/A": (xs, [s["B_over_A"] for s in mine]),
                            "C/A": (xs, [s["C_over_A"] for s in mine])}, path,
                           title=f"{algorithm}: throughput relative to A (SGLang){note}",
                           xlabel="concurrency", ylabel="ratio", logy=False, ax=axes[1][j],
@@ -607,7 +399,7 @@ def plot(summary: list, rows: list, path, device: torch.device) -> None:
         ratios = [s["B_over_A"] for s in mine] + [s["C_over_A"] for s in mine]
         if ratios:  # at least +-10% around 1, so noise does not look like a result
             axes[1][j].set_ylim(min(0.9, min(ratios) - 0.02), max(1.1, max(ratios) + 0.02))
-    fig.suptitle(f"spec_fused overlap-loop A/B on {common.device_name(device)}", fontsize=11)
+    fig.suptitle(f"spec_fused overlap-loop A/B on {harness.device_name(device)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -624,7 +416,7 @@ def parse_args(argv=None):
         description="SGLang's overlap loop replayed with a synthetic forward: tokens/s of "
                     "SGLang's relay (A), spec_fused (B) and no relay (C).",
         epilog="Workload flags override both algorithms' defaults (see Workload).")
-    common.add_common_args(parser)
+    harness.add_common_args(parser)
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     parser.add_argument("--concurrency", type=int, nargs="+")
     parser.add_argument("--rounds", type=int, help="ABC rounds per point (median reported)")
@@ -663,17 +455,17 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = common.pick_device()
-    prepared = common.prepare_device(device)
+    device = harness.pick_device()
+    prepared = harness.prepare_device(device)
     t0 = time.perf_counter()
     timeline = make_timeline(device)
     runs, arm_info = run_all_arms(args, device, timeline)
     rows = aggregate(runs, arm_info, args, device)
     summary = summarize(rows)
-    out_dir = common.results_dir(device, args.out)
+    out_dir = harness.results_dir(device, args.out)
     payload = {
-        "device": common.device_name(device),
-        "versions": common.versions(device),
+        "device": harness.device_name(device),
+        "versions": harness.versions(device),
         "rows": rows,
         "summary": summary,
         "mode": "cuda-streams" if device.type == "cuda" else "cpu-virtual-timeline",
@@ -691,12 +483,12 @@ def main(argv=None) -> dict:
     }
     md_path = out_dir / "ab_throughput.md"
     write_markdown(md_path, summary, payload, device)
-    tables = [common.format_table(rows, ("algorithm", "concurrency", "arm", "tokens_per_s",
+    tables = [harness.format_table(rows, ("algorithm", "concurrency", "arm", "tokens_per_s",
                                          "step_ms_p50", "step_ms_p99", "rounds", "variant",
                                          "war_barrier")),
-              common.format_table(summary, SUMMARY_COLUMNS)]
+              harness.format_table(summary, SUMMARY_COLUMNS)]
     draw = None if args.no_plot else (lambda png: plot(summary, rows, png, device))
-    return common.write_results("ab_throughput", out_dir, payload, tables=tables, plot=draw,
+    return harness.write_results("ab_throughput", out_dir, payload, tables=tables, plot=draw,
                                 count=f"{len(runs)} runs", also=(md_path,))
 
 

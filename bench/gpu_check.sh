@@ -96,8 +96,8 @@ LOG="$OUTDIR/bench.log"
   else
     echo "# nvidia-smi: not found"
   fi
-  "$PYTHON" -c "import json; from bench import common
-print(json.dumps(common.versions(), indent=1))" 2>&1 || echo "# versions: failed"
+  "$PYTHON" -c "import json; from bench import harness
+print(json.dumps(harness.versions(), indent=1))" 2>&1 || echo "# versions: failed"
   "$PYTHON" -m pip list 2>/dev/null \
     | grep -Ei "^(torch|triton|sglang|spec.fused|nvidia-cuda-runtime)" || true
   echo "# stages"

@@ -10,6 +10,8 @@ on the real SGLang ``FutureMap`` class, in one process, providers interleaved:
 * ``upstream``        SGLang's ``FutureMap`` as shipped;
 * ``spec_fused``      patched, on the production backend (compiled Triton through the
                       bound launcher on CUDA; the plain-torch reference on a CPU server);
+                      the providers are ``spec_fused.measure``'s, which ``spec-fused
+                      selftest`` times too;
 * ``spec_fused-null`` patched, ``SPEC_FUSED_FORCE_BACKEND=null SPEC_FUSED_BENCH=1``: the
                       whole hot path with no device work, i.e. the wrapper alone;
 * ``spec_fused-jit`` (CUDA only): spec_fused with its direct launch turned off, every
@@ -40,124 +42,16 @@ import argparse
 import gc
 import time
 
-from bench import common  # first: sets TRITON_INTERPRET on CPU before triton is imported
+from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton is imported
 
-import torch
+from spec_fused import measure
 
 ALGORITHMS = ("EAGLE", "DFLASH")
 FULL_BATCHES = (1, 4, 16, 64, 256, 1024)
 QUICK_BATCHES = (1, 16, 256, 1024)
 POOL = 4096
-NULL_ENV = {"SPEC_FUSED_FORCE_BACKEND": "null", "SPEC_FUSED_BENCH": "1"}
 PROVIDER_ORDER = ("upstream", "spec_fused", "spec_fused-null", "spec_fused-jit", "floor-direct",
                   "floor-jit")
-
-
-class Provider:
-    """One way of running a relay step, in the patch state it needs."""
-
-    def __init__(self, name, step, patched, check=None):
-        self.name, self.step, self.patched, self.check = name, step, patched, check
-
-
-def _relay_provider(name, algorithm, device, needs_cpu, idx, vals, *, fused, env=None,
-                    backend=None, jit_only=False):
-    fm, relay = common.make_future_map(algorithm, device, POOL, fused=fused, env=env,
-                                       needs_cpu_seq_lens=needs_cpu)
-    if backend is not None:
-        relay.launcher.backend = backend
-        relay._bind_launch()
-    if jit_only:  # the same relay, every launch through kernel[grid]
-        relay.launcher._fast.blocked = "bench: kernel[grid] on purpose"
-    batch = common.decode_batch(idx)
-    step = common.relay_step(fm, batch, idx, vals)
-    exact = bool(needs_cpu) and (relay is None or relay.host_seq_lens == "exact")
-
-    def check():
-        step()
-        common.synchronize(device)
-        common.check_resolved(batch, vals, host_lengths=exact, what=name)
-
-    return Provider(name, step, fused, None if env is not None else check)
-
-
-def _floor_providers(device):
-    """An empty Triton launch: directly through a bound compiled kernel, and via
-    ``kernel[grid]`` - the least any one-launch relay can cost the host (CUDA only)."""
-    from bench.kernel_sweep import _floor_kernel
-    from spec_fused.kernels.direct_launch import bind
-
-    scratch = torch.zeros(1, dtype=torch.int64, device=device)
-    compiled = _floor_kernel[(1,)](scratch)
-    bound, why = bind(compiled, 1)
-    jit = Provider("floor-jit", lambda: _floor_kernel[(1,)](scratch), None)
-    if bound is None:
-        print(f"floor-direct: not available ({why})")
-        return [jit]
-    raw_stream = torch._C._cuda_getCurrentRawStream
-    index = device.index or 0
-
-    def direct():
-        bound.run(1, 1, 1, raw_stream(index), bound.function, bound.metadata, None, None,
-                  None, scratch)
-
-    return [Provider("floor-direct", direct, None), jit]
-
-
-def build_providers(algorithm, device, needs_cpu, batch, seed) -> list:
-    gen = torch.Generator().manual_seed(seed * 7_919 + batch + 31 * needs_cpu)
-    idx = torch.randperm(POOL - 1, generator=gen)[:batch].add_(1).to(device)
-    vals = torch.randint(1, 1 << 15, (batch,), generator=gen, dtype=torch.int64).to(device)
-    production = None if device.type == "cuda" else "reference"
-    providers = [
-        _relay_provider("upstream", algorithm, device, needs_cpu, idx, vals, fused=False),
-        _relay_provider("spec_fused", algorithm, device, needs_cpu, idx, vals, fused=True,
-                        backend=production),
-        _relay_provider("spec_fused-null", algorithm, device, needs_cpu, idx, vals,
-                        fused=True, env=NULL_ENV),
-    ]
-    if device.type == "cuda":
-        providers.append(_relay_provider("spec_fused-jit", algorithm, device, needs_cpu, idx,
-                                         vals, fused=True, jit_only=True))
-        providers += _floor_providers(device)
-    common.set_patched(False)
-    return providers
-
-
-def time_block(step, steps: int, device) -> float:
-    """Mean host µs per call over one block of ``steps`` calls (GC off, device drained)."""
-    common.synchronize(device)
-    gc.disable()
-    try:
-        clock = time.perf_counter_ns
-        t0 = clock()
-        for _ in range(steps):
-            step()
-        elapsed = clock() - t0
-    finally:
-        gc.enable()
-    common.synchronize(device)
-    return elapsed / steps / 1e3
-
-
-def measure_cell(providers, device, rounds: int, steps: int, warmup: int) -> dict:
-    samples = {p.name: [] for p in providers}
-    for p in providers:
-        if p.patched is not None:
-            common.set_patched(p.patched)
-        if p.check is not None:
-            p.check()
-        for _ in range(warmup):
-            p.step()
-    for r in range(rounds):
-        order = providers[r % len(providers):] + providers[:r % len(providers)]
-        gc.collect()  # once per round, outside the blocks (GC is off inside them)
-        for p in order:
-            if p.patched is not None:
-                common.set_patched(p.patched)
-            samples[p.name].append(time_block(p.step, steps, device))
-    common.set_patched(False)
-    return samples
 
 
 def sweep(args, device) -> list:
@@ -170,19 +64,22 @@ def sweep(args, device) -> list:
         for algorithm, needs_cpu, batch in cells:
             bar.set_postfix_str(f"{algorithm} needs_cpu={needs_cpu} batch={batch}",
                                 refresh=False)
-            providers = build_providers(algorithm, device, needs_cpu, batch, args.seed)
-            samples = measure_cell(providers, device, args.rounds, args.steps, args.warmup)
-            up_med = common.median(samples["upstream"])
+            production = None if device.type == "cuda" else "reference"
+            providers = measure.build_providers(algorithm, device, needs_cpu, batch, pool=POOL,
+                                                seed=args.seed, production=production)
+            samples = measure.measure_cell(providers, device, args.rounds, args.steps,
+                                           args.warmup)
+            up_med = harness.median(samples["upstream"])
             up_best = min(samples["upstream"])
             floor = samples.get("floor-direct")
-            floor_med = common.median(floor) if floor else None
+            floor_med = harness.median(floor) if floor else None
             for name, times in samples.items():
-                med, best = common.median(times), min(times)
+                med, best = harness.median(times), min(times)
                 rows.append({
                     "provider": name, "algorithm": algorithm,
                     "needs_cpu_seq_lens": needs_cpu, "batch": batch,
                     "host_us": med, "host_us_best": best,
-                    "host_us_p90": common.percentile(times, 90),
+                    "host_us_p90": harness.percentile(times, 90),
                     "ratio_to_upstream": med / up_med,
                     "ratio_to_upstream_best": best / up_best,
                     "ratio_to_floor": None if floor_med is None else med / floor_med,
@@ -258,9 +155,9 @@ def hook_forms(rounds: int, calls: int) -> list:
             finally:
                 undo()
             del step
-    base = common.median(samples["none"])
-    return [{"form": f, "ns_per_call": common.median(samples[f]),
-             "ns_over_unpatched": common.median(samples[f]) - base} for f in forms]
+    base = harness.median(samples["none"])
+    return [{"form": f, "ns_per_call": harness.median(samples[f]),
+             "ns_over_unpatched": harness.median(samples[f]) - base} for f in forms]
 
 
 # --------------------------------------------------------------------------- report
@@ -281,7 +178,7 @@ def summary(rows: list) -> list:
                     "worst_ratio": worst["ratio_to_upstream"],
                     "worst_at": f"{worst['algorithm']} ncsl={worst['needs_cpu_seq_lens']} "
                                 f"bs={worst['batch']}",
-                    "median_ratio": common.median(r["ratio_to_upstream"] for r in mine),
+                    "median_ratio": harness.median(r["ratio_to_upstream"] for r in mine),
                     "worst_ratio_best_of": max(r["ratio_to_upstream_best"] for r in mine),
                     "worst_ratio_to_floor": max((r["ratio_to_floor"] for r in mine
                                                  if r["ratio_to_floor"] is not None),
@@ -305,11 +202,11 @@ def plot(rows: list, path, device) -> None:
                          and r["algorithm"] == algorithm and r["needs_cpu_seq_lens"] == needs_cpu)
             if pts:
                 series[name] = tuple(zip(*pts))
-        common.plot_lines(series, path, title=f"{algorithm}, needs_cpu_seq_lens={needs_cpu}",
+        harness.plot_lines(series, path, title=f"{algorithm}, needs_cpu_seq_lens={needs_cpu}",
                           xlabel="batch size", ylabel="host µs per step (median)",
                           ax=axes[0][j])
     fig.suptitle(f"spec_fused relay host cost per step (publish + resolve) on "
-                 f"{common.device_name(device)}", fontsize=11)
+                 f"{harness.device_name(device)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -320,7 +217,7 @@ def parse_args(argv=None):
         prog="python -m bench.host_overhead",
         description="Host µs per relay step: SGLang's FutureMap vs spec_fused vs its "
                     "wrapper alone (null backend), interleaved in one process.")
-    common.add_common_args(parser)
+    harness.add_common_args(parser)
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     parser.add_argument("--needs-cpu-seq-lens", type=int, nargs="+", choices=(0, 1),
                         default=[0, 1])
@@ -338,15 +235,15 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = common.pick_device()
-    prepared = common.prepare_device(device)
+    device = harness.pick_device()
+    prepared = harness.prepare_device(device)
     t0 = time.perf_counter()
     rows = sweep(args, device)
     forms = hook_forms(rounds=9, calls=100_000 if not args.quick else 30_000)
-    out_dir = common.results_dir(device, args.out)
+    out_dir = harness.results_dir(device, args.out)
     payload = {
-        "device": common.device_name(device),
-        "versions": common.versions(device),
+        "device": harness.device_name(device),
+        "versions": harness.versions(device),
         "rows": rows,
         "summary": summary(rows),
         "hook_forms": forms,
@@ -357,13 +254,13 @@ def main(argv=None) -> dict:
                    "production_backend": "triton" if device.type == "cuda" else "reference",
                    **prepared, "wall_s": round(time.perf_counter() - t0, 1)},
     }
-    tables = [common.format_table(rows, TABLE_COLUMNS),
-              common.format_table(payload["summary"], ("provider", "worst_ratio", "worst_at",
+    tables = [harness.format_table(rows, TABLE_COLUMNS),
+              harness.format_table(payload["summary"], ("provider", "worst_ratio", "worst_at",
                                                        "median_ratio", "worst_ratio_best_of",
                                                        "worst_ratio_to_floor")),
-              common.format_table(forms, ("form", "ns_per_call", "ns_over_unpatched"))]
+              harness.format_table(forms, ("form", "ns_per_call", "ns_over_unpatched"))]
     draw = None if args.no_plot or not rows else (lambda png: plot(rows, png, device))
-    return common.write_results("host_overhead", out_dir, payload, tables=tables, plot=draw,
+    return harness.write_results("host_overhead", out_dir, payload, tables=tables, plot=draw,
                                 count=f"{len(rows)} rows")
 
 

@@ -20,7 +20,7 @@ provider is measured in the patch state it needs). Per provider and size:
   ``device_graph_us``: ``do_bench_cudagraph`` where the step is capturable (not
   ``upstream`` / ``fused-exact``, whose steps block the host), else null;
 * ``host_us``: median wall time of the Python step call after warmup;
-* ``launches``, ``d2h_bytes``, ``host_syncs`` per step (rules in ``bench/common.py``).
+* ``launches``, ``d2h_bytes``, ``host_syncs`` per step (rules in ``bench/harness.py``).
 
 On CPU the fused kernel runs in the Triton interpreter (``TRITON_INTERPRET=1``): its
 timings are not speed, the counts are the result. Benchmarks never assert timings; the
@@ -37,11 +37,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from bench import common  # first: sets TRITON_INTERPRET on CPU before triton is imported
+from bench import counters, harness  # first: sets TRITON_INTERPRET on CPU before triton
+
+from spec_fused import measure
 
 import torch
-import triton
-import triton.language as tl
 
 PROVIDERS = ("upstream", "fused-exact", "fused-barrier-free", "floor")
 FULL_BATCHES = tuple(2 ** i for i in range(13))  # 1 .. 4096
@@ -50,12 +50,8 @@ FULL_POOLS = (4096, 65536)
 QUICK_POOLS = (4096,)
 
 
-@triton.jit
-def _floor_kernel(out_ptr):
-    tl.store(out_ptr, 1)
-
-
-common.track_kernel(_floor_kernel)
+_floor_kernel = measure._empty_kernel
+counters.track_kernel(_floor_kernel)
 
 
 @dataclass
@@ -94,30 +90,37 @@ class Relays:
 
     @classmethod
     def build(cls, device: torch.device, pool: int) -> "Relays":
-        maps = {"upstream": common.make_future_map("EAGLE", device, pool, fused=False)}
-        maps["fused-exact"] = common.make_future_map("EAGLE", device, pool, fused=True)
-        maps["fused-barrier-free"] = common.make_future_map(
-            "DFLASH", device, pool, fused=True, env=common.ENV_BARRIER_FREE)
+        maps = {"upstream": measure.make_future_map("EAGLE", device, pool, fused=False)}
+        maps["fused-exact"] = measure.make_future_map("EAGLE", device, pool, fused=True)
+        maps["fused-barrier-free"] = measure.make_future_map(
+            "DFLASH", device, pool, fused=True, env={"SPEC_FUSED_WAR_BARRIER": "0"},
+            needs_cpu_seq_lens=False)
         for name, want in (("fused-exact", "war_guarded"), ("fused-barrier-free", "barrier_free")):
             relay = maps[name][1]
             if relay.variant != want:
                 raise RuntimeError(f"{name}: got the {relay.variant} variant, wanted {want}")
-        common.set_patched(False)
+        measure.set_patched(False)
         return cls(maps)
 
 
 def _relay_case(provider, fm, relay, idx, vals, *, patched, host_lengths, capturable):
-    batch = common.decode_batch(idx)
-    step = common.relay_step(fm, batch, idx, vals)
+    batch = measure.decode_batch(idx)
+
+    def step():
+        fm.publish(idx, vals)
+        fm.resolve_seq_lens_cpu(batch)
 
     def check():
         step()
-        common.synchronize(idx.device)
-        common.check_resolved(batch, vals, host_lengths=host_lengths, what=provider)
+        measure.synchronize(idx.device)
+        measure.check_resolved(batch, vals, host_lengths=host_lengths, what=provider)
 
-    extra = {"variant": relay.variant if relay else "sglang"}
-    return Case(provider, step, patched, [common.relay_buffer(fm), idx, vals], capturable,
-                check, extra, relay)
+    extra = {"variant": relay.variant if relay else "sglang",
+             # the fused host row: stored by the kernel into pinned memory, invisible to
+             # the profiler (lengths, sum, stamp)
+             "zero_copy_bytes": 8 * (idx.numel() + 2) if provider == "fused-exact" else 0}
+    return Case(provider, step, patched, [fm.__dict__["new_seq_lens_buf"], idx, vals],
+                capturable, check, extra, relay)
 
 
 def build_cases(relays: Relays, device: torch.device, pool: int, batch: int,
@@ -165,25 +168,27 @@ def _self_reported(case: Case) -> Optional[int]:
     return None if case.relay is None else getattr(case.relay, "launches", None)
 
 
-def measure(case: Case, device: torch.device, pool: int, batch: int, cfg: Settings,
+def measure_case(case: Case, device: torch.device, pool: int, batch: int, cfg: Settings,
             mode: str) -> dict:
     if case.patched is not None:
-        common.set_patched(case.patched)
+        measure.set_patched(case.patched)
     if case.check is not None:
         case.check()
-    counts = common.count_step(case.step, device, roles=case.roles, reps=cfg.count_reps)
+    counts = counters.count_step(case.step, device, roles=case.roles, reps=cfg.count_reps,
+                                 zero_copy_bytes=case.extra["zero_copy_bytes"]
+                                 if "zero_copy_bytes" in case.extra else 0)
     before = _self_reported(case)
-    host = common.host_time_us(case.step, device, reps=cfg.host_reps, warmup=cfg.host_warmup)
+    host = harness.host_time_us(case.step, device, reps=cfg.host_reps, warmup=cfg.host_warmup)
     after = _self_reported(case)
     calls = cfg.host_reps + cfg.host_warmup
     dev, graph, note = device_times(case, device, cfg)  # last: a capture leaves state behind
     row = {
         "provider": case.provider, "pool": pool, "batch": batch,
-        "device_us": dev, "host_us": common.median(host),
+        "device_us": dev, "host_us": harness.median(host),
         "launches": counts["launches"], "d2h_bytes": counts["d2h_bytes"],
         "host_syncs": counts["host_syncs"],
         "device_graph_us": graph,
-        "host_us_p10": common.percentile(host, 10), "host_us_p90": common.percentile(host, 90),
+        "host_us_p10": harness.percentile(host, 10), "host_us_p90": harness.percentile(host, 90),
         "host_reps": len(host), "validation_ops": counts["validation_ops"],
         "launch_names": counts["launch_names"], "launch_source": counts["launch_source"],
         "relay_reported_launches": None if before is None else (after - before) / calls,
@@ -198,8 +203,8 @@ def sweep(device: torch.device, pools, batches, cfg: Settings, seed: int,
           providers=PROVIDERS) -> list:
     from tqdm import tqdm
 
-    mode = "interpreter" if common.kernel_backend(device) == "interpreter" else \
-        common.kernel_backend(device)
+    mode = "interpreter" if harness.kernel_backend(device) == "interpreter" else \
+        harness.kernel_backend(device)
     rows = []
     total = len(pools) * sum(1 for b in batches) * len(providers)
     with tqdm(total=total, desc="kernel_sweep", unit="case", dynamic_ncols=True) as bar:
@@ -214,9 +219,9 @@ def sweep(device: torch.device, pools, batches, cfg: Settings, seed: int,
                         continue
                     bar.set_postfix_str(f"pool={pool} batch={batch} {case.provider}",
                                         refresh=False)
-                    rows.append(measure(case, device, pool, batch, cfg, mode))
+                    rows.append(measure_case(case, device, pool, batch, cfg, mode))
                     bar.update(1)
-            common.set_patched(False)
+            measure.set_patched(False)
     return rows
 
 
@@ -248,10 +253,10 @@ def plot(rows: list, path, device: torch.device) -> None:
             unit = "µs" if metric.endswith("_us") else "per step"
             if device.type != "cuda":
                 title += "\nCPU: counts (interpreter timings are not speed and not shown)"
-            common.plot_lines(series, path, title=title, xlabel="batch size",
+            harness.plot_lines(series, path, title=title, xlabel="batch size",
                               ylabel=f"{metric} ({unit})", ax=axes[i][j],
                               logy=metric != "launches")
-    fig.suptitle(f"spec_fused kernel sweep on {common.device_name(device)}", fontsize=11)
+    fig.suptitle(f"spec_fused kernel sweep on {harness.device_name(device)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -280,7 +285,7 @@ def parse_args(argv=None):
         prog="python -m bench.kernel_sweep",
         description="Relay round trip (publish + resolve) per provider, batch and pool size.",
         epilog="On CPU set TRITON_INTERPRET=1 (done automatically when CUDA is absent).")
-    common.add_common_args(parser)
+    harness.add_common_args(parser)
     parser.add_argument("--batches", type=int, nargs="+", help="override the batch sizes")
     parser.add_argument("--pools", type=int, nargs="+", help="override the pool sizes")
     parser.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
@@ -290,28 +295,28 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    device = common.pick_device()
+    device = harness.pick_device()
     batches = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
     pools = args.pools or (QUICK_POOLS if args.quick else FULL_POOLS)
     cfg = Settings.for_run(device, args.quick)
-    prepared = common.prepare_device(device)
+    prepared = harness.prepare_device(device)
     t0 = time.perf_counter()
     rows = sweep(device, pools, batches, cfg, args.seed, tuple(args.providers))
-    out_dir = common.results_dir(device, args.out)
+    out_dir = harness.results_dir(device, args.out)
     payload = {
-        "device": common.device_name(device),
-        "versions": common.versions(device),
+        "device": harness.device_name(device),
+        "versions": harness.versions(device),
         "rows": rows,
         "mode": rows[0]["mode"] if rows else None,
         "config": {"quick": args.quick, "batches": list(batches), "pools": list(pools),
                    **vars(cfg), **prepared, "seed": args.seed,
                    "wall_s": round(time.perf_counter() - t0, 1)},
     }
-    tables = [common.format_table(rows, TABLE_COLUMNS),
-              common.format_table(summary(rows), ("provider", "launches", "host_syncs",
+    tables = [harness.format_table(rows, TABLE_COLUMNS),
+              harness.format_table(summary(rows), ("provider", "launches", "host_syncs",
                                                   "d2h_bytes"))]
     draw = None if args.no_plot or not rows else (lambda png: plot(rows, png, device))
-    return common.write_results("kernel_sweep", out_dir, payload, tables=tables, plot=draw,
+    return harness.write_results("kernel_sweep", out_dir, payload, tables=tables, plot=draw,
                                 count=f"{len(rows)} rows")
 
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench import common  # first: sets TRITON_INTERPRET on CPU before triton is imported
+from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton is imported
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bench.run_all",
         description="kernel_sweep, then ab_throughput; prints where the results went.")
-    common.add_common_args(parser)
+    harness.add_common_args(parser)
     parser.add_argument("--skip", nargs="+",
                         choices=("kernel_sweep", "host_overhead", "ab_throughput"),
                         default=[], help="benchmarks to leave out")
@@ -48,7 +48,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         done[name] = module.main(passthrough)
         walls[name] = time.perf_counter() - t0
-    out_dir = common.results_dir(common.pick_device(), args.out)
+    out_dir = harness.results_dir(harness.pick_device(), args.out)
     print("\n=== results")
     for name, wall in walls.items():
         print(f"{name:>14}: {wall:6.1f} s")

@@ -300,16 +300,16 @@ def establish(caps: SpecCaps, algorithm) -> SpecCaps:
     name = algorithm_name(algorithm)
     if caps.barrier_source == "table" and not caps.needs_war_barrier \
             and not upstream.fences_own_shared_writes(name):
-        caps = caps.with_barrier(True, "installed", _join(
-            "WAR barrier kept: the installed worker does not fence its own req_to_token "
-            "writes (no verify_done)", caps.why_barrier()))
+        caps = caps.with_barrier(True, "installed",
+                                 "WAR barrier kept: the installed worker does not fence its "
+                                 "own req_to_token writes (no verify_done)")
     if caps.host_source == "table" and caps.host_seq_lens == "reserved":
         bound = upstream.plans_with_reserved_bound(name)
-        caps = caps.with_host("exact", "installed", _join(
-            "exact host lengths: the installed worker plans with its reserved bound only "
-            "where every attention backend opts out of host lengths" if bound else
-            "exact host lengths: the installed worker does not plan with a reserved bound",
-            caps.why_host()))
+        caps = caps.with_host("exact", "installed",
+                              "exact host lengths: the installed worker plans with its "
+                              "reserved bound only where every attention backend opts out "
+                              "of host lengths" if bound else "exact host lengths: the "
+                              "installed worker does not plan with a reserved bound")
     return caps
 
 
@@ -321,10 +321,6 @@ def decide(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None,
     take their decision from here."""
     return establish(caps_for(algorithm, worker=worker, attn_backends=attn_backends, env=env,
                               two_batch_overlap=two_batch_overlap), algorithm)
-
-
-def _join(finding: str, reason: str) -> str:
-    return f"{finding}; declared: {reason}" if reason else finding
 
 
 def select_variant(caps: SpecCaps) -> Variant:

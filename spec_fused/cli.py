@@ -88,6 +88,13 @@ def render_doctor(report: dict) -> str:
             out += ["", "Relay backend per device (where it differs: SPEC_FUSED_FORCE_BACKEND)"]
             out += _table(seams)
 
+    canaries = [(dev, str(info.get("relay")), str(info.get("canary")))
+                for dev, info in b.items() if isinstance(info, dict) and info.get("relay")]
+    if canaries:
+        out += ["", "Relay per device (start-up canary: the fused step against the torch "
+                    "reference)"]
+        out += _table([(d, r, c if c != "None" else "-") for d, r, c in canaries])
+
     rows = report.get("caps", [])
     out += ["", "Capabilities (declared = caps_for; the rest as established against the "
                 "installed SGLang)"]
@@ -99,7 +106,50 @@ def render_doctor(report: dict) -> str:
         else:
             table.append(tuple(_caps_cell(row, k) for k in CAPS_COLUMNS))
     out += _table(table)
+    out += _render_impact(report.get("impact", {}))
     return "\n".join(out)
+
+
+def _costs(c: dict) -> str:
+    return (f"{c['device_ops']} device ops, {c['d2h_bytes']} B D2H, {c['host_syncs']} host "
+            f"syncs, barrier {'kept' if c['barrier'] else 'off'}; host waits for "
+            f"{c['host_waits_for']}")
+
+
+def _render_impact(impact: dict) -> list:
+    if not impact or "error" in impact:
+        return ["", f"Where spec_fused helps: {impact.get('error', 'unknown')}"]
+    release = impact.get("release")
+    out = ["", f"Where spec_fused helps (SGLang {release}; per relay step on CUDA)"]
+    row = impact.get("row")
+    if row is not None:
+        out.append(f"  --attention-backend {row['backend']} --speculative-algorithm "
+                   f"{row['algorithm']}: host lengths "
+                   f"{'read' if row['needs_host_lengths'] else 'opted out'}")
+        for note in row["notes"]:
+            out.append(f"    note: {note}")
+        out.append(f"  upstream:   {_costs(row['upstream'])}")
+        out.append(f"  spec_fused: {_costs(row['spec_fused'])}")
+        decision = impact.get("decision", {})
+        if "error" in decision:
+            out.append(f"  decision: error: {decision['error']}")
+        elif decision:
+            out.append(f"  decision: {decision['variant']}, WAR barrier "
+                       f"{'kept' if decision['needs_war_barrier'] else 'off'}, host "
+                       f"lengths {decision['host_seq_lens']} ({decision['reason']})")
+        out.append(f"  => {row['verdict']}")
+        return out
+    table = [("attention backend", "algorithm", "host lengths", "where it helps"),
+             ("-----------------", "---------", "------------", "--------------")]
+    for r in impact.get("rows", []):
+        table.append((r["backend"], r["algorithm"],
+                      "read" if r["needs_host_lengths"] else "opted out",
+                      "helps: no pool-sized copy" if r["needs_host_lengths"]
+                      else "nothing that matters (upstream is GPU-only here)"))
+    out += _table(table)
+    out.append("  Your configuration: spec-fused doctor --attention-backend NAME "
+               "--speculative-algorithm NAME")
+    return out
 
 
 # --------------------------------------------------------------------------- commands
@@ -110,8 +160,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     # Importing SGLang (check_supported imports overlap_utils) or Triton can print; in
     # --json mode stdout must be exactly one JSON object, so such chatter goes to stderr.
+    config = {"attention_backend": args.attention_backend,
+              "speculative_algorithm": args.speculative_algorithm,
+              "speculative_draft_attention_backend": args.speculative_draft_attention_backend,
+              "enable_two_batch_overlap": args.enable_two_batch_overlap}
     with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-        report = doctor.gather()
+        report = doctor.gather(config=config)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -122,6 +176,29 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     for reason in plugin.get("reasons") or ["unknown reason"]:
         print(f"{PROG} doctor: spec_fused would not load: {reason}", file=sys.stderr)
     return 1
+
+
+def _cmd_selftest(args: argparse.Namespace) -> int:
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        # On a CPU the fused kernel can only run in Triton's interpreter, which must be
+        # chosen before Triton is imported.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    from spec_fused import selftest
+
+    with contextlib.redirect_stdout(sys.stderr if args.json == "-" else sys.stdout):
+        report = selftest.run(quick=args.quick, device=args.device)
+    if args.json == "-":
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(selftest.render(report))
+        if args.json:
+            selftest.dump(report, args.json)
+            print(f"JSON: {args.json}")
+    return 0 if report["ok"] else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +215,26 @@ def build_parser() -> argparse.ArgumentParser:
                     "why not), the kernel backend per device and the capability table. "
                     "Exit status 0 when the plugin would load, 1 otherwise.")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
+    sglang_flags = doctor.add_argument_group(
+        "your configuration (SGLang's own flags): where spec_fused helps for it")
+    sglang_flags.add_argument("--attention-backend", metavar="NAME",
+                              help="e.g. fa3, fa4, flashinfer, triton, trtllm_mha")
+    sglang_flags.add_argument("--speculative-algorithm", metavar="NAME",
+                              help="e.g. DFLASH, EAGLE, EAGLE3, NGRAM (default EAGLE)")
+    sglang_flags.add_argument("--speculative-draft-attention-backend", metavar="NAME")
+    sglang_flags.add_argument("--enable-two-batch-overlap", action="store_true")
     doctor.set_defaults(func=_cmd_doctor)
+    selftest = sub.add_parser(
+        "selftest", help="check the relay on this device against SGLang's own, and time it",
+        description="Correctness (random traces through SGLang's real FutureMap, patched vs "
+                    "unpatched, as the server here would run the relay) and speed (host "
+                    "and device µs per relay step against SGLang's). Exit status 0 when "
+                    "correct, 1 otherwise. Under a minute on a GPU.")
+    selftest.add_argument("--json", metavar="PATH", help="also write the report as JSON "
+                          "('-': print only the JSON)")
+    selftest.add_argument("--quick", action="store_true", help="fewer traces and steps")
+    selftest.add_argument("--device", help="default: cuda if available, else cpu")
+    selftest.set_defaults(func=_cmd_selftest)
     return parser
 
 

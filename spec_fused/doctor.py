@@ -327,11 +327,20 @@ def backends() -> dict:
         def probe(dev=dev):
             import torch
 
+            from spec_fused.relay import unsupported_device
+
             device = torch.device(dev)
+            not_relayed = unsupported_device(device)
+            if device.type == "cuda" and not_relayed is None:
+                pg.canary(device)  # milliseconds: what the relay would prove before serving
             backend, reason = pg.explain_backend(device)
             relay_backend, relay_reason = pg.explain_relay_backend(device)
+            verdict = pg.verdict_for(device)
             return {"backend": backend, "reason": reason,
-                    "relay_backend": relay_backend, "relay_reason": relay_reason}
+                    "relay_backend": relay_backend, "relay_reason": relay_reason,
+                    "relay": "SGLang's own path: " + not_relayed if not_relayed
+                    else "fused relay",
+                    "canary": verdict.describe() if verdict is not None else None}
 
         out[dev] = _safely(probe, lambda exc: {"backend": "unavailable",
                                                "reason": f"backend_for failed ({_error(exc)})"})
@@ -361,14 +370,57 @@ def caps_rows(env: Optional[Mapping[str, str]] = None) -> list[dict]:
             [{"algorithm": "?", "error": _error(exc)}]
 
 
+# --------------------------------------------------------------------------- impact
+
+
+def impact_report(config: Optional[Mapping[str, object]] = None) -> dict:
+    """Where spec_fused helps on the installed SGLang: the table's rows, or, given a
+    configuration in SGLang's own flag names (``attention_backend``,
+    ``speculative_algorithm``, ``speculative_draft_attention_backend``,
+    ``enable_two_batch_overlap``), that configuration's row and the decision the relay
+    and the scheduler patch would make for it."""
+    from dataclasses import asdict
+
+    from spec_fused import impact
+    from spec_fused.releases import TESTED_RELEASES
+
+    installed = _dist_version("sglang")
+    release = installed or TESTED_RELEASES[-1]
+    out = {"release": release, "installed": installed is not None}
+    if not config or not config.get("attention_backend"):
+        out["rows"] = [asdict(r) for r in impact.release_rows(release)]
+        return out
+    algorithm = str(config.get("speculative_algorithm") or "EAGLE")
+    tbo = bool(config.get("enable_two_batch_overlap"))
+    row = impact.configuration(release, str(config["attention_backend"]), algorithm,
+                               draft_backend=config.get("speculative_draft_attention_backend"),
+                               two_batch_overlap=tbo)
+    out["row"] = asdict(row)
+    from spec_fused import caps
+    from spec_fused.relay import BackendsDecision
+
+    try:
+        decided = caps.decide(algorithm, two_batch_overlap=tbo,
+                              attn_backends=[BackendsDecision(row.needs_host_lengths)])
+        out["decision"] = {"needs_war_barrier": decided.needs_war_barrier,
+                           "host_seq_lens": decided.host_seq_lens,
+                           "variant": caps.select_variant(decided),
+                           "reason": decided.explain()}
+    except (KeyError, ValueError) as exc:
+        out["decision"] = {"error": str(exc).strip('"')}
+    return out
+
+
 # --------------------------------------------------------------------------- all of it
 
 
-def gather(env: Optional[Mapping[str, str]] = None) -> dict:
+def gather(env: Optional[Mapping[str, str]] = None,
+           config: Optional[Mapping[str, object]] = None) -> dict:
     """Every fact the doctor reports, as one JSON-serialisable dict:
     ``versions``, ``plugin`` (``installed``, ``would_load``, ``reasons``, ``checks``),
-    ``backends`` (``{device: {backend, reason}}``) and ``caps`` (rows of
-    :data:`CAPS_COLUMNS`, or ``{algorithm, error}``).
+    ``backends`` (``{device: {backend, reason, relay, canary}}``), ``caps`` (rows of
+    :data:`CAPS_COLUMNS`, or ``{algorithm, error}``) and ``impact`` (where spec_fused
+    helps: :func:`impact_report` of ``config``).
 
     ``env`` replaces ``os.environ`` for the plugin and capability decisions (the kernel
     backend is always decided by the real environment, as ``backend_for`` reads it)."""
@@ -381,4 +433,5 @@ def gather(env: Optional[Mapping[str, str]] = None) -> dict:
         "backends": _safely(backends, section_error("backends")),
         "caps": _safely(lambda: caps_rows(env), lambda exc: [
             {"algorithm": "?", "error": _error(exc)}]),
+        "impact": _safely(lambda: impact_report(config), section_error("impact")),
     }

@@ -140,7 +140,8 @@ class _Streams:
     """SGLang's two streams on CUDA; on CPU every scope is a no-op."""
 
     def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
         if self.cuda:
             self.schedule = torch.cuda.Stream(device)
             self.forward = torch.cuda.Stream(device)
@@ -165,10 +166,19 @@ class _Streams:
             self.schedule.wait_stream(self.forward)
 
 
-def run_trace(fm, cfg: TraceConfig, device=None) -> list:
+def run_trace(fm, cfg: TraceConfig, device=None, guard=contextlib.nullcontext) -> list:
     """Drive ``fm`` through the trace given by ``cfg``; return what every step observed
-    (device tensors are brought to the host once, at the end)."""
-    device = device or fm.device
+    (device tensors are brought to the host once, at the end). ``guard()`` is entered
+    around the steps (``selftest`` runs the paths that must not sync under PyTorch's
+    sync detector)."""
+    with guard():
+        records, streams = _steps(fm, cfg, device or fm.device)
+    if streams.cuda:
+        torch.cuda.synchronize(streams.device)
+    return [_on_host(r) for r in records]
+
+
+def _steps(fm, cfg: TraceConfig, device) -> tuple:
     rng = random.Random(cfg.seed)
     has_mixed_tails = hasattr(fm, "resolve_mixed_spec_tails")  # 0.5.19+
     streams = _Streams(device)
@@ -230,9 +240,7 @@ def run_trace(fm, cfg: TraceConfig, device=None) -> list:
             if rng.random() < cfg.p_finish:
                 del running[s]
                 free.insert(0, s)
-    if streams.cuda:
-        torch.cuda.synchronize(device)
-    return [_on_host(r) for r in records]
+    return records, streams
 
 
 def _record(kind: str, batch) -> StepRecord:
