@@ -1,38 +1,46 @@
 #!/usr/bin/env bash
-# One-shot device check of spec_fused on a single GPU (an H200): environment, the GPU-only
+# One-shot device check of spec_fused on a single GPU (an H200): the selftest, the GPU-only
 # tests, and every benchmark, in well under 8 minutes, into OUTDIR.
 #
 # Why a script: GPU time is lent in short slots; everything that needs the device runs
 # from this one prepared command, each stage under its own `timeout`, so one stuck stage
 # cannot eat the slot and the others still report. It never touches the network.
 #
-# The stages: the GPU tests (bound direct launch, real streams, pinned mirrors, graph
-# capture); the kernel sweep; the host-cost sweep (upstream vs spec_fused vs its wrapper
-# alone vs the empty-launch floor); the A/B replay three ways - needs_cpu_seq_lens=1
-# (FlashInfer-like: upstream pays the full-pool D2H + sync), needs_cpu_seq_lens=0 (FA3:
-# upstream is GPU-only already, so only host time and launches can win) and the forced
-# barrier-free DFLASH arm (what the WAR barrier costs).
+# The stages: `spec-fused selftest` first (correct here, and how much faster than SGLang
+# here; its JSON is kept); the GPU tests (bound direct launch, real streams, pinned
+# mirrors, graph capture, profiler counts, the sync detector); the kernel sweep; the
+# host-cost sweep (upstream vs spec_fused vs its wrapper alone vs the empty-launch floor);
+# the A/B replay three ways - needs_cpu_seq_lens=1 (FlashInfer-like: upstream pays the
+# full-pool D2H + sync), needs_cpu_seq_lens=0 (FA3: upstream is GPU-only already, so only
+# host time and launches can win) and the forced barrier-free DFLASH arm (what the WAR
+# barrier costs).
 #
-# Exit status: 0 when every stage succeeded (no GPU tests collected counts as success).
-# Files written into OUTDIR (4; the device tool brings back 8 at most):
-#   env.txt            nvidia-smi, versions, stage exit codes and wall times
-#   gpu_tests.txt      python -m pytest -q -m gpu tests
+# Exit status: 0 when every stage succeeded. A GPU run in which no GPU test ran, or the
+# selftest failed, fails. Without a visible CUDA device it refuses (exit 3) unless
+# --dry-run, which runs the CPU --quick versions (CUDA hidden, TRITON_INTERPRET=1) so the
+# script itself is proven on CPU.
+# Files written into OUTDIR (5; the device tool brings back 8 at most):
+#   env.txt            nvidia-smi, versions, stage exit codes, test counts, wall times
+#   selftest.txt       spec-fused selftest (its JSON is in results.tar.gz)
+#   gpu_tests.txt      python -m pytest -m gpu tests
 #   bench.log          stdout/stderr of every benchmark (tables)
-#   results.tar.gz     kernel_sweep.*, host_overhead.*, ab_throughput.* and the folders
-#                      ab_ncsl0/, ab_barrier_free/: unpack into bench/results/<device>/
+#   results.tar.gz     selftest.json, kernel_sweep.*, host_overhead.*, ab_throughput.* and
+#                      the folders ab_ncsl0/, ab_barrier_free/: unpack into
+#                      bench/results/<device>/
 set -uo pipefail
 
 usage() {
   cat <<'EOF'
 usage: bash bench/gpu_check.sh OUTDIR [--dry-run]
 
-On a CUDA machine: env + `pytest -m gpu tests` + kernel_sweep + host_overhead + three A/B
-replays (needs_cpu_seq_lens 1 and 0, forced barrier-free), results into OUTDIR. With
---dry-run, or when no CUDA device is visible, it runs the CPU --quick versions instead
-(CUDA hidden, TRITON_INTERPRET=1), so the script itself is proven on CPU. Stage limits
-(seconds): TESTS_TIMEOUT [90], SWEEP_TIMEOUT [90], HOST_TIMEOUT [90], AB_TIMEOUT [75],
-AB_EXTRA_TIMEOUT [60] for each of the two extra replays; PYTHON [python3]. Carried wheels
-in .whl/ (bench/fetch_gpu_wheels.sh) are installed into /tmp/site first.
+On a CUDA machine: env + `spec-fused selftest` + `pytest -m gpu tests` + kernel_sweep +
+host_overhead + three A/B replays (needs_cpu_seq_lens 1 and 0, forced barrier-free),
+results into OUTDIR. Without a visible CUDA device it refuses, unless --dry-run: then it
+runs the CPU --quick versions (CUDA hidden, TRITON_INTERPRET=1), so the script itself is
+proven on CPU. Stage limits (seconds): SELFTEST_TIMEOUT [75], TESTS_TIMEOUT [90],
+SWEEP_TIMEOUT [60], HOST_TIMEOUT [60], AB_TIMEOUT [60], AB_EXTRA_TIMEOUT [40] for each of
+the two extra replays; PYTHON [python3]. Carried wheels in .whl/
+(bench/fetch_gpu_wheels.sh) are installed into /tmp/site first.
 EOF
 }
 
@@ -50,11 +58,12 @@ done
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
+SELFTEST_TIMEOUT=${SELFTEST_TIMEOUT:-75}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-90}
-SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-90}
-HOST_TIMEOUT=${HOST_TIMEOUT:-90}
-AB_TIMEOUT=${AB_TIMEOUT:-75}
-AB_EXTRA_TIMEOUT=${AB_EXTRA_TIMEOUT:-60}
+SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-60}
+HOST_TIMEOUT=${HOST_TIMEOUT:-60}
+AB_TIMEOUT=${AB_TIMEOUT:-60}
+AB_EXTRA_TIMEOUT=${AB_EXTRA_TIMEOUT:-40}
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 cd "$ROOT"
@@ -68,7 +77,12 @@ export TQDM_DISABLE=1  # progress bars would only clutter bench.log
 HAVE_CUDA=$("$PYTHON" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null \
             || echo 0)
 QUICK=()
-if [[ $DRY_RUN == 1 || $HAVE_CUDA != 1 ]]; then
+if [[ $DRY_RUN != 1 && $HAVE_CUDA != 1 ]]; then
+  echo "gpu_check: no CUDA device is visible; this is not a GPU check (use --dry-run to" \
+       "prove the script on CPU)" >&2
+  exit 3
+fi
+if [[ $DRY_RUN == 1 ]]; then
   MODE="cpu-quick (dry run: CUDA hidden, Triton interpreter)"
   export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1
   QUICK=(--quick)
@@ -112,7 +126,6 @@ stage() {  # $1 = name, $2 = timeout (s), $3 = output file, rest = command
   rc=$?
   local note=""
   (( rc == 124 || rc == 137 )) && note=" (timed out)"
-  (( rc == 5 )) && [[ $name == gpu_tests ]] && note=" (no tests collected)" && rc=0
   (( rc != 0 )) && FAILED=1
   echo "$name: rc=$rc$note wall=$(( SECONDS - start ))s" | tee -a "$ENV_TXT"
   return 0  # the next stage runs regardless
@@ -124,7 +137,27 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 # The A/B grid: the concurrencies the regression was measured at, and above.
 AB_GRID=(--concurrency 1 32 128 256 --rounds 3 --steps 80 --warmup-steps 10)
 (( ${#QUICK[@]} )) && AB_GRID=(--concurrency 1 32 --rounds 2 --steps 30 --warmup-steps 5)
-stage gpu_tests "$TESTS_TIMEOUT" "$OUTDIR/gpu_tests.txt" "$PYTHON" -m pytest -q -m gpu tests
+SELFTEST_ARGS=(--json "$WORK/selftest.json")
+(( ${#QUICK[@]} )) && SELFTEST_ARGS+=(--quick)
+: > "$OUTDIR/selftest.txt"
+stage selftest "$SELFTEST_TIMEOUT" "$OUTDIR/selftest.txt" \
+  "$PYTHON" -m spec_fused selftest "${SELFTEST_ARGS[@]}"
+stage gpu_tests "$TESTS_TIMEOUT" "$OUTDIR/gpu_tests.txt" "$PYTHON" -m pytest -q -rs -m gpu \
+  --junitxml="$WORK/gpu_tests.xml" tests/test_gpu.py
+# How many GPU tests ran: on a GPU none run is a failure, never a pass.
+"$PYTHON" - "$WORK/gpu_tests.xml" "$MODE" >> "$ENV_TXT" 2>&1 <<'PY' || FAILED=1
+import sys, xml.etree.ElementTree as ET
+path, mode = sys.argv[1], sys.argv[2]
+try:
+    cases = list(ET.parse(path).getroot().iter("testcase"))
+except Exception as exc:
+    print(f"gpu_tests: no results ({exc})"); sys.exit(1)
+skipped = sum(c.find("skipped") is not None for c in cases)
+failed = sum(c.find("failure") is not None or c.find("error") is not None for c in cases)
+passed = len(cases) - skipped - failed
+print(f"gpu_tests: {passed} passed, {failed} failed, {skipped} skipped ({mode})")
+sys.exit(1 if mode == "cuda-full" and (passed == 0 or failed) else 0)
+PY
 stage kernel_sweep "$SWEEP_TIMEOUT" "$LOG" \
   "$PYTHON" -m bench.kernel_sweep "${QUICK[@]}" --out "$WORK"
 stage host_overhead "$HOST_TIMEOUT" "$LOG" \

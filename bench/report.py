@@ -23,7 +23,7 @@ def _fmt(v, digits=1):
     return str(v)
 
 
-def kernel_table(path: Path, pool: int, batches=(1, 8, 64, 256, 1024, 4096)) -> str:
+def kernel_table(path: Path, pool: int, batches=(1, 256, 4096)) -> str:
     data = json.loads(path.read_text())
     rows = {(r["provider"], r["batch"]): r for r in data["rows"] if r["pool"] == pool}
     timed = data["device"] != "cpu"  # on CPU the µs are the interpreter's: left out
@@ -47,7 +47,7 @@ def kernel_table(path: Path, pool: int, batches=(1, 8, 64, 256, 1024, 4096)) -> 
 HOST_PROVIDERS = ("spec_fused", "spec_fused-null", "spec_fused-jit", "floor-direct", "floor-jit")
 
 
-def host_table(path: Path, batches=(1, 16, 256, 1024)) -> str:
+def host_table(path: Path, batches=(1, 1024)) -> str:
     """Host µs per relay step (median over rounds) and the ratio to upstream's."""
     data = json.loads(path.read_text())
     rows = {(r["provider"], r["algorithm"], r["needs_cpu_seq_lens"], r["batch"]): r
@@ -73,6 +73,11 @@ def host_table(path: Path, batches=(1, 16, 256, 1024)) -> str:
                             f"{r['host_us']:.2f} ({r['ratio_to_upstream']:.2f}×)")
             lines.append(f"| {algorithm} | {ncsl} | {b} | {up['host_us']:.2f} | "
                          + " | ".join(cols) + " |")
+    for s in data.get("summary", []):
+        lines.append(f"\n{s['provider']}: worst {s['worst_ratio']:.2f}× upstream "
+                     f"({s['worst_at']}), median {s['median_ratio']:.2f}× over "
+                     f"{sum(1 for r in data['rows'] if r['provider'] == s['provider'])} "
+                     f"cells")
     return "\n".join(lines)
 
 
@@ -82,14 +87,18 @@ def ab_table(path: Path) -> str:
     lines = [f"ab_throughput, device `{data['device']}`, arm B kernel backend "
              f"`{data.get('config', {}).get('kernel_backend', '?')}`",
              "",
-             "| algorithm | concurrency | A tok/s | B tok/s | C tok/s | B/A | recovered A→C | B variant |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| algorithm | concurrency | A tok/s | B tok/s | C tok/s | B/A | recovered A→C | "
+             "B variant | WAR barrier A / B / C |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for s in summary:
         share = s.get("gap_share_recovered")
+        barriers = " / ".join({True: "on", False: "off"}.get(s.get(f"{arm}_barrier"), "-")
+                              for arm in "ABC")
         lines.append(
             f"| {s['algorithm']} | {s['concurrency']} | {_fmt(s['A_tok_s'])} | "
             f"{_fmt(s['B_tok_s'])} | {_fmt(s['C_tok_s'])} | {_fmt(s['B_over_A'], 3)} | "
-            f"{'-' if share is None else f'{share:.0%}'} | {s.get('B_variant', '')} |")
+            f"{'-' if share is None else f'{share:.0%}'} | {s.get('B_variant', '')} | "
+            f"{barriers} |")
     return "\n".join(lines)
 
 

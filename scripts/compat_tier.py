@@ -60,20 +60,39 @@ TESTED_CODE = ROOT / "spec_fused" / "integration" / "tested_code.py"
 LIGHT_PY = ROOT / ".venv" / "bin" / "python"
 HEAVY_PY = ROOT / ".venv-sched" / "bin" / "python"
 BELOW_RANGE = "0.5.14"  # the last release before the shared relay: must be refused
-LIGHT_TESTS = ("tests/test_compat.py", "tests/test_trace_equivalence.py",
-               "tests/test_host_mirror.py", "tests/test_hot_path.py",
-               "tests/test_fallbacks.py")
+LIGHT_TESTS = ("tests/test_compat.py", "tests/test_code_check.py", "tests/test_caps.py",
+               "tests/test_barrier_decision.py", "tests/test_impact.py",
+               "tests/test_trace_equivalence.py", "tests/test_upstream_contracts.py",
+               "tests/test_stream_order.py", "tests/test_host_mirror.py",
+               "tests/test_hot_path.py", "tests/test_fallbacks.py")
 HEAVY_TESTS = ("tests/test_scheduler_tier.py",)
 # Table columns and the test modules (or test_compat tests) each one covers.
 COLUMNS = {
     "apply/remove": ("test_compat", ("test_the_installed_release_is_tested_or_refused",
                                      "test_a_release_below_the_range_is_refused_cleanly",
                                      "test_api_probe_then_apply_and_remove_exactly")),
+    "code": (("test_compat", "test_code_check"),
+             ("test_the_installed_code_is_the_recorded_code_of_this_release",
+              "test_the_installed_release_is_recorded_as_tested",
+              "test_a_new_keyword_on_publish_is_refused_naming_it",
+              "test_a_new_branch_in_resolve_is_refused_naming_it",
+              "test_comments_blank_lines_and_docstrings_are_not_changes",
+              "test_a_mix_of_releases_is_not_a_tested_release",
+              "test_an_edited_release_is_refused_in_one_line_and_sglang_runs",
+              "test_untested_code_runs_only_when_allowed_and_says_so",
+              "test_arguments_the_replacements_do_not_know_go_to_sglangs_original")),
+    "facts": (("test_compat", "test_impact"),
+              ("test_future_map_features_are_the_releases",
+               "test_the_facts_spec_fused_reads_are_the_releases",
+               "test_fa3_needs_host_lengths_as_the_release_says",
+               "test_the_backend_facts_are_this_releases",
+               "test_dflash_keeps_the_draft_backends_the_table_says",
+               "test_upstreams_step_costs_are_what_the_columns_claim",
+               "test_every_row_says_where_it_helps_from_the_host_lengths")),
+    "decisions": (("test_caps", "test_barrier_decision"), None),
     "traces": ("test_trace_equivalence", None),
-    "caps": ("test_compat", ("test_future_map_features_are_the_releases",
-                             "test_established_caps_are_the_releases",
-                             "test_fa3_needs_host_lengths_as_the_release_says")),
-    "relay": (("test_host_mirror", "test_hot_path", "test_fallbacks"), None),
+    "relay": (("test_upstream_contracts", "test_stream_order", "test_host_mirror",
+               "test_hot_path", "test_fallbacks"), None),
     "scheduler": ("test_scheduler_tier", None),
 }
 HEAVY_PINNED = ("transformers", "tokenizers", "xgrammar")
@@ -203,6 +222,13 @@ def column(cases, modules, names) -> dict:
             "skip_reasons": skips[:3]}
 
 
+def row_ok(cols: dict, below: bool) -> bool:
+    """Every column of a tested release must pass: a skipped or empty column is a failure
+    (a tier that ran nothing proves nothing), the scheduler's included. A release below
+    the range passes by being refused (its other columns are n/a)."""
+    return all(c["result"] in (("n/a", "pass") if below else ("pass",)) for c in cols.values())
+
+
 def test_release(release: str, work: Path) -> dict:
     status = support_status(release)
     t0 = time.perf_counter()
@@ -230,15 +256,17 @@ def test_release(release: str, work: Path) -> dict:
         cols["scheduler"] = {"result": "skip", "passed": 0, "failed": 0, "skipped": 0,
                              "failed_tests": [], "skip_reasons": [heavy_note]}
     if below:  # a refused release has nothing else to run
-        for name in ("traces", "caps", "relay"):
-            cols[name] = {"result": "n/a", "passed": 0, "failed": 0, "skipped": 0,
-                          "failed_tests": [], "skip_reasons": ["refused"]}
-    ok = all(c["result"] in ("pass", "n/a") for n, c in cols.items() if n != "scheduler") \
-        and cols["scheduler"]["result"] in ("pass", "skip")
+        for name in COLUMNS:
+            if name != "apply/remove":
+                cols[name] = {"result": "n/a", "passed": 0, "failed": 0, "skipped": 0,
+                              "failed_tests": [], "skip_reasons": ["refused"]}
+    ok = row_ok(cols, below)
     row = {"release": release, "status": status.kind, "ok": ok, "columns": cols,
            "wall_s": round(time.perf_counter() - t0, 1)}
-    print(f"[{release}] {'ok' if ok else 'FAILED'}: "
-          + ", ".join(f"{n} {c['result']}" for n, c in cols.items())
+    ran = sum(c["passed"] + c["failed"] for c in cols.values())
+    row["tests_run"] = ran
+    print(f"[{release}] {'ok' if ok else 'FAILED'}: {ran} tests: "
+          + ", ".join(f"{n} {c['result']} ({c['passed']})" for n, c in cols.items())
           + f" ({row['wall_s']} s)", flush=True)
     return row
 
@@ -268,6 +296,9 @@ def cmd_run(args) -> int:
         releases += newer
         print(f"compat tier: {note}", flush=True)
     t0 = time.perf_counter()
+    if not args.releases:  # the record the package checks against is the listed wheels'
+        if cmd_record(argparse.Namespace(check=True)) != 0:
+            return 1
     rows = [test_release(r, work) for r in releases]
     versions = {"light": _installed(LIGHT_PY, ("torch", "triton")),
                 "heavy": _installed(HEAVY_PY, ("torch", "triton", "transformers"))
@@ -281,7 +312,8 @@ def cmd_run(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=1) + "\n")
     print(render(payload))
-    print(f"\ncompat tier: {len(rows)} releases in {payload['wall_s']} s -> {out}")
+    print(f"\ncompat tier: {len(rows)} releases, {sum(r['tests_run'] for r in rows)} tests "
+          f"in {payload['wall_s']} s -> {out}")
     bad = [r["release"] for r in rows if not r["ok"] and r["status"] != "newer"]
     if bad:
         print(f"compat tier FAILED for: {', '.join(bad)}", file=sys.stderr)
@@ -304,7 +336,8 @@ def render(payload: dict) -> str:
              "|---|---|" + "---|" * len(COLUMNS)]
     for row in payload["rows"]:
         lines.append(f"| {row['release']} | {row['status']} | "
-                     + " | ".join(_cell(row["columns"][c]) for c in COLUMNS) + " |")
+                     + " | ".join(_cell(row["columns"].get(c, {"result": "not run"}))
+                               for c in COLUMNS) + " |")
     env = payload.get("environments") or {}
     light, heavy = env.get("light") or {}, env.get("heavy") or {}
     lines += ["", f"Run {payload['generated']} with `{payload['command']}`: light tier on torch "

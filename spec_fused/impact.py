@@ -31,17 +31,17 @@ __all__ = ["Row", "configuration", "gpu_only", "ranged_rows", "release_rows",
 _GPU_ONLY = {
     "triton": [("0.5.15", "")],
     "trtllm_mha": [("0.5.15", "")],
-    "trtllm_mla": [("0.5.15", ""), ("0.5.21", "host lengths again with a KV-shard pool")],
-    "cutedsl_mla": [("0.5.15", ""), ("0.5.21", "host lengths again with a KV-shard pool")],
-    "tokenspeed_mla": [("0.5.15", ""), ("0.5.21", "host lengths again with a KV-shard pool")],
+    "trtllm_mla": [("0.5.15", ""), ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
+    "cutedsl_mla": [("0.5.15", ""), ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
+    "tokenspeed_mla": [("0.5.15", ""), ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
     "fa3": [("0.5.15", "DFLASH only"), ("0.5.16", ""),
-            ("0.5.21", "host lengths again with a KV-shard pool")],
+            ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
     "fa4": [("0.5.15", "DFLASH only"), ("0.5.16", ""),
-            ("0.5.21", "host lengths again with a KV-shard pool")],
+            ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
     "flashmla": [("0.5.16", "")],
-    "dsa": [("0.5.15", ""), ("0.5.20", "host lengths when dsa_index_kpool > 1"),
+    "dsa": [("0.5.15", ""), ("0.5.20", "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"),
             ("0.5.22", "")],
-    "nsa": [("0.5.15", ""), ("0.5.20", "host lengths when dsa_index_kpool > 1"),
+    "nsa": [("0.5.15", ""), ("0.5.20", "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"),
             ("0.5.22", "")],
     "qsa": [("0.5.20", "")],
     "dsv4": [("0.5.16", "on CUDA, unless online c128 MTP is on")],
@@ -190,9 +190,10 @@ def ranged_rows(releases) -> list:
         runs = []
         for release in releases:
             row = release_rows(release)[index]
-            key = (row.needs_host_lengths, row.notes, row.verdict)
+            key = (row.needs_host_lengths, row.verdict)
             if runs and runs[-1][2] == key:
                 runs[-1][1] = release
+                runs[-1][3].notes = tuple(dict.fromkeys(runs[-1][3].notes + row.notes))
             else:
                 runs.append([release, release, key, row])
         for first, last, _, row in runs:

@@ -43,9 +43,9 @@ def test_requires_reads_pins_and_ranges_but_not_markers(tmp_path):
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite>
 <testcase classname="tests.test_compat" name="test_api_probe_then_apply_and_remove_exactly"/>
-<testcase classname="tests.test_compat" name="test_established_caps_are_the_releases">
-  <failure message="assert (True, 'exact') == (True, 'reserved')"/></testcase>
-<testcase classname="tests.test_trace_equivalence" name="test_exact_variant[x]"/>
+<testcase classname="tests.test_compat" name="test_the_facts_spec_fused_reads_are_the_releases">
+  <failure message="assert 'server_args...' == 'get_exec()...'"/></testcase>
+<testcase classname="tests.test_trace_equivalence" name="test_every_algorithm_matches_upstream_step_for_step"/>
 <testcase classname="tests.test_scheduler_tier" name="tests.test_scheduler_tier">
   <skipped message="could not import 'sglang.srt.managers.scheduler': No module named 'x'"/>
 </testcase></testsuite></testsuites>"""
@@ -57,12 +57,28 @@ def test_columns_classify_pass_fail_and_skip(tmp_path):
     cases = tier._cases(junit)
     cols = {name: tier.column(cases, *spec) for name, spec in tier.COLUMNS.items()}
     assert cols["apply/remove"]["result"] == "pass"
-    assert cols["caps"]["result"] == "fail"
-    assert cols["caps"]["failed_tests"] == ["test_established_caps_are_the_releases"]
+    assert cols["facts"]["result"] == "fail"
+    assert cols["facts"]["failed_tests"] == ["test_the_facts_spec_fused_reads_are_the_releases"]
     assert cols["traces"]["result"] == "pass" and cols["relay"]["result"] == "not run"
     assert cols["scheduler"]["result"] == "skip"
     assert "No module named 'x'" in cols["scheduler"]["skip_reasons"][0]
     assert tier._cases(tmp_path / "missing.xml") == []
+
+
+def _col(result):
+    return {"result": result, "passed": int(result == "pass"), "failed": 0, "skipped": 0,
+            "failed_tests": [], "skip_reasons": []}
+
+
+@pytest.mark.parametrize("scheduler, below, ok", [
+    ("pass", False, True), ("skip", False, False), ("not run", False, False),
+    ("fail", False, False), ("n/a", True, True), ("skip", True, False)])
+def test_a_tested_release_needs_every_column_to_pass_the_scheduler_included(scheduler, below,
+                                                                           ok):
+    cols = {name: _col("n/a" if below and name != "apply/remove" else "pass")
+            for name in tier.COLUMNS}
+    cols["scheduler"] = _col(scheduler)
+    assert tier.row_ok(cols, below) is ok
 
 
 def test_table_renders_every_row_and_lands_between_the_markers(tmp_path):

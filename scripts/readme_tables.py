@@ -1,0 +1,76 @@
+"""Write the README's generated tables from their sources, so no figure there is typed.
+
+* ``impact``: where spec_fused helps, per release range x attention backend x algorithm
+  (``spec_fused.impact``, held to every release's source by tests/test_impact.py);
+* ``results``: the latest CPU benchmark tables (``python -m bench.report
+  bench/results/cpu``).
+
+The compatibility table has its own command (``python scripts/compat_tier.py table``).
+
+    python scripts/readme_tables.py            # rewrite both sections of README.md
+    python scripts/readme_tables.py --check    # exit 1 if README.md is not current
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def impact_table() -> str:
+    from spec_fused import impact
+    from spec_fused.releases import TESTED_RELEASES
+
+    return impact.render_markdown(impact.ranged_rows(TESTED_RELEASES))
+
+
+def results_tables() -> str:
+    from bench import report
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        report.main([str(ROOT / "bench" / "results" / "cpu")])
+    return out.getvalue().strip()
+
+
+SECTIONS = {"impact": impact_table, "results": results_tables}
+
+
+def replace(text: str, name: str, body: str) -> str:
+    begin, end = f"<!-- {name}-table:begin -->", f"<!-- {name}-table:end -->"
+    if begin not in text or end not in text:
+        raise SystemExit(f"README.md has no {begin} ... {end} markers")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/readme_tables.py",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--readme", default=str(ROOT / "README.md"))
+    args = parser.parse_args(argv)
+    readme = Path(args.readme)
+    text = new = readme.read_text()
+    for name, render in SECTIONS.items():
+        new = replace(new, name, render())
+    if args.check:
+        if new != text:
+            print(f"{readme} is not current: run python scripts/readme_tables.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(new)
+    print(f"{readme}: {', '.join(SECTIONS)} tables written")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
