@@ -126,6 +126,15 @@ def test_the_facts_spec_fused_reads_are_the_releases():
     assert event in scheduler
 
 
+@pytest.mark.skipif(VERSION != "0.5.14", reason="only 0.5.14 fenced DFLASH's own writes")
+def test_the_fence_check_finds_0_5_14s_verify_done():
+    """The one fact that would drop the barrier, read from the real 0.5.14 wheel (its plan
+    stream waits ``verify_done`` before writing req_to_token); every later release lacks
+    it (test_the_facts_spec_fused_reads_are_the_releases)."""
+    assert upstream.fences_own_shared_writes("DFLASH") is True
+    assert upstream.fences_own_shared_writes("EAGLE") is False
+
+
 @in_range
 def test_fa3_needs_host_lengths_as_the_release_says():
     """Read, not imported (the backend pulls GPU kernels): which algorithms FA3, Hopper's

@@ -239,3 +239,31 @@ def test_cpu_without_the_interpreter_serves_with_the_reference(monkeypatch, upst
     assert backend_mod.backend_for("cpu") == "reference"
     got, fm = _patched_run()
     assert got == upstream and relay_mod.relay_for(fm).launcher.backend == "reference"
+
+
+@pytest.mark.parametrize("device, why", [("meta", "meta: spec_fused's ordering was only ever"),
+                                         ("xpu", "xpu: spec_fused's ordering was only ever")])
+def test_devices_the_relay_does_not_engage_on_keep_sglangs_path(device, why, caplog):
+    assert why in relay_mod.unsupported_device(device)
+    cfg = TraceConfig(pool=8, max_len=4)
+    sglang_patch.apply()
+    try:
+        fm = make_future_map(EAGLE, cfg)
+        fm.__dict__["new_seq_lens_buf"] = torch.empty(8, dtype=torch.int64, device="meta")
+        with caplog.at_level(logging.WARNING, logger="spec_fused"):
+            relay_mod._logged.clear()
+            if device == "meta":
+                assert relay_mod.relay_for(fm) is None
+                assert any("not relaying on meta" in m for m in _messages(caplog))
+    finally:
+        sglang_patch.remove()
+
+
+def test_rocm_is_left_to_sglang(monkeypatch):
+    """On ROCm the device type is ``cuda`` too; upstream's HIP-only branches decide."""
+    monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
+    why = relay_mod.unsupported_device("cuda")
+    assert why and "ROCm" in why and "stream_ordered" in why
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    assert relay_mod.unsupported_device("cuda") is None
+    assert relay_mod.unsupported_device("cpu") is None

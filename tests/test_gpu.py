@@ -178,8 +178,10 @@ def test_tritons_own_launch_error_goes_down_the_reference_rung(patched, monkeypa
     relay = relay_mod.relay_for(fm)
 
     def pageable(gi, pi, pv, host):
-        return kernel._launch(relay.launcher.buf, gi.cpu(), pi, pv, relay.launcher.empty_out,
-                              relay.launcher.out_sum, None, None, False)
+        out = relay.launcher._new(gi.numel())  # sized: the launcher refuses, never writes
+        kernel._launch(relay.launcher.buf, gi.cpu(), pi, pv, out, relay.launcher.out_sum,
+                       None, None, False)
+        return out
 
     relay.launcher.launch = pageable
     relay._bind_launch()
