@@ -1,0 +1,392 @@
+"""The capability model's edges, pinned down where mutation testing found them loose
+(scripts/mutation.py, tests/MUTATION.md).
+
+Expected values are the module's documented contract (spec_fused/caps.py: the layer order,
+which layer may lift which claim, what ``establish`` checks against the installed worker,
+the explanation each claim carries), the installed SGLang's own ``SpeculativeAlgorithm``,
+or literals - never the function under test's own output. Where the decision depends on
+what the installed worker does, ``spec_fused.upstream``'s findings are replaced by a stub
+so the rule is exercised both ways."""
+
+from types import SimpleNamespace
+
+import pytest
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+from spec_fused import caps as caps_mod
+from spec_fused import upstream
+from spec_fused.caps import SpecCaps, caps_for, decide, describe, establish, register_caps
+from spec_fused.relay import BackendsDecision
+
+NO_ENV: dict = {}
+OPT_OUT = [BackendsDecision(False)]
+NEEDS = [BackendsDecision(True)]
+HOST_ENV = "SPEC_FUSED_HOST_SEQ_LENS"
+BARRIER_ENV = "SPEC_FUSED_WAR_BARRIER"
+
+
+@pytest.fixture
+def registered():
+    names = []
+
+    def register(name, caps):
+        names.append(name.upper())
+        register_caps(name, caps)
+
+    yield register
+    for name in names:
+        caps_mod._REGISTERED.pop(name, None)
+
+
+# ----------------------------------------------------------------------------- SpecCaps
+
+
+def test_bad_claims_are_refused_with_what_was_given():
+    with pytest.raises(TypeError, match="^needs_war_barrier must be a bool$"):
+        SpecCaps(1, "exact")
+    with pytest.raises(ValueError, match=r"^host_seq_lens must be one of \('exact', "
+                                         r"'reserved', 'none'\), got 'sometimes'$"):
+        SpecCaps(True, "sometimes")
+    with pytest.raises(ValueError, match=r"^unknown claim source 'rumour'; one of \('table', "):
+        SpecCaps(True, "exact", host_source="rumour")
+
+
+def test_each_claims_reason_falls_back_to_the_declarations():
+    caps = SpecCaps(True, "exact", "both")
+    assert (caps.why_barrier(), caps.why_host()) == ("both", "both")
+    caps = SpecCaps(True, "exact", "both", barrier_reason="fence", host_reason="backends")
+    assert (caps.why_barrier(), caps.why_host()) == ("fence", "backends")
+
+
+def test_explain_one_reason_two_reasons_and_what_was_refused():
+    assert SpecCaps(True, "exact", "why").explain() == "why [barrier:table host:table]"
+    caps = SpecCaps(True, "none", "why", host_source="backends", host_reason="opt out")
+    assert caps.explain() == "barrier (table): why; host lengths (backends): opt out"
+    caps = SpecCaps(True, "exact", "why", refused=("a", "b"))
+    assert caps.explain() == "why [barrier:table host:table]; refused: a; b"
+
+
+def test_with_a_claim_changes_that_claim_only():
+    base = SpecCaps(True, "exact", "why")
+    caps = base.with_barrier(False, "worker", "fenced")
+    assert (caps.needs_war_barrier, caps.barrier_source, caps.barrier_reason) == \
+        (False, "worker", "fenced")
+    assert (caps.host_seq_lens, caps.host_source, caps.host_reason) == ("exact", "table", None)
+    caps = base.with_host("none", "backends", "opt out")
+    assert (caps.host_seq_lens, caps.host_source, caps.host_reason) == \
+        ("none", "backends", "opt out")
+    assert (caps.needs_war_barrier, caps.barrier_source, caps.barrier_reason) == \
+        (True, "table", None)
+
+
+# ----------------------------------------------------------------------------- names
+
+
+def test_algorithm_names():
+    assert caps_mod.algorithm_name(None) == "NONE"
+    assert caps_mod.algorithm_name("dFlash") == "DFLASH"
+    assert caps_mod.algorithm_name(SimpleNamespace(name="my_algo")) == "MY_ALGO"
+    assert caps_mod.algorithm_name(SpeculativeAlgorithm.EAGLE3) == "EAGLE3"
+    with pytest.raises(TypeError, match="^cannot name speculative algorithm 7$"):
+        caps_mod.algorithm_name(7)
+
+
+def test_installed_and_known_algorithms(registered):
+    installed = [m.name for m in SpeculativeAlgorithm]
+    assert caps_mod.installed_algorithms() == installed
+    registered("plugin_algo", SpecCaps(True, "exact", "mine"))
+    known = caps_mod.known_algorithms()
+    assert len(known) == len(set(known))
+    assert set(known) == set(installed) | {"DFLASH", "DSPARK", "UNO", "EAGLE", "EAGLE3",
+                                           "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE",
+                                           "PLUGIN_ALGO"}
+
+
+def test_a_member_of_the_installed_sglang_is_known_even_without_capabilities(monkeypatch):
+    installed = [m.name for m in SpeculativeAlgorithm] + ["MEDUSA"]
+    monkeypatch.setattr(caps_mod, "installed_algorithms", lambda: installed)
+    assert "MEDUSA" in caps_mod.known_algorithms()
+
+
+def test_without_sglang_nothing_is_installed(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.spec_info", None)
+    assert caps_mod.installed_algorithms() is None
+
+
+def test_a_registered_algorithm_keeps_later_layers_sources_and_wins_over_the_table(registered):
+    with pytest.raises(TypeError, match="^caps must be a SpecCaps$"):
+        register_caps("bad", (True, "exact"))
+    registered("eagle", SpecCaps(False, "none", "plugin EAGLE", host_source="forced",
+                                 barrier_source="installed"))
+    got = caps_for("EAGLE", env=NO_ENV)
+    assert (got.needs_war_barrier, got.barrier_source) == (False, "installed")
+    assert (got.host_seq_lens, got.host_source) == ("none", "forced")
+    assert got.reason == "plugin EAGLE"
+
+
+def test_a_registered_algorithms_table_claims_count_as_its_workers(registered):
+    registered("plugin_algo", SpecCaps(True, "reserved", "mine"))
+    got = caps_for("plugin_algo", env=NO_ENV)
+    assert (got.needs_war_barrier, got.barrier_source) == (True, "worker")
+    assert (got.host_seq_lens, got.host_source) == ("reserved", "worker")
+
+
+def test_an_unknown_algorithm_names_the_known_ones_sorted_and_how_to_declare_one():
+    with pytest.raises(KeyError) as info:
+        caps_for("medusa", env=NO_ENV)
+    msg = str(info.value)
+    assert "no capabilities for speculative algorithm 'MEDUSA'; known: DFLASH, DSPARK, " \
+           "EAGLE, EAGLE3, FROZEN_KV_MTP, NGRAM, NONE, STANDALONE, UNO." in msg
+    assert "register_caps(name, SpecCaps(...))" in msg
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def test_an_empty_environment_setting_is_no_setting():
+    got = caps_for("EAGLE", attn_backends=NEEDS, env={BARRIER_ENV: "", HOST_ENV: ""})
+    assert (got.needs_war_barrier, got.barrier_source) == (True, "table")
+    assert (got.host_seq_lens, got.host_source, got.refused) == ("exact", "table", ())
+
+
+@pytest.mark.parametrize("raw, want", [("0", False), ("1", True)])
+def test_the_barrier_setting_and_its_reason(raw, want):
+    got = caps_for("EAGLE", env={BARRIER_ENV: raw})
+    assert (got.needs_war_barrier, got.barrier_source) == (want, "env")
+    assert got.why_barrier() == f"SPEC_FUSED_WAR_BARRIER={raw}"
+
+
+@pytest.mark.parametrize("raw", ["None", "NONE", "Reserved"])
+def test_host_settings_are_case_insensitive(raw):
+    got = caps_for("EAGLE", attn_backends=OPT_OUT, env={HOST_ENV: raw})
+    assert (got.host_seq_lens, got.host_source) == (raw.lower(), "env")
+    assert got.why_host() == f"SPEC_FUSED_HOST_SEQ_LENS={raw.lower()}"
+
+
+def test_exact_host_lengths_can_always_be_asked_for():
+    got = caps_for("NGRAM", attn_backends=OPT_OUT, two_batch_overlap=True,
+                   env={HOST_ENV: "exact"})
+    assert (got.host_seq_lens, got.host_source, got.refused) == ("exact", "env", ())
+
+
+@pytest.mark.parametrize("backends, why", [
+    ([None], "the attention backends' need for host lengths is not known here"),
+    ([], "the attention backends' need for host lengths is not known here"),
+    ([SimpleNamespace()], "an attention backend reads host lengths (needs_cpu_seq_lens)"),
+    ([BackendsDecision(False), BackendsDecision(True)],
+     "an attention backend reads host lengths (needs_cpu_seq_lens)"),
+    ([None, BackendsDecision(True), None],
+     "an attention backend reads host lengths (needs_cpu_seq_lens)"),
+])
+def test_what_the_backends_say_about_host_lengths(backends, why):
+    """SGLang's ``decide_needs_cpu_seq_lens``: an OR over the backends, None entries
+    skipped, a backend without the flag needs lengths; none known: not known."""
+    got = caps_for("EAGLE", attn_backends=backends, env={HOST_ENV: "none"})
+    assert (got.host_seq_lens, got.host_source) == ("exact", "table")
+    assert got.refused == (f"SPEC_FUSED_HOST_SEQ_LENS=none for EAGLE: {why}",)
+
+
+def test_every_backend_opting_out_means_no_host_lengths():
+    got = caps_for("EAGLE", attn_backends=[None, BackendsDecision(False), BackendsDecision(False)],
+                   env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("none", "backends")
+    assert got.why_host() == "every attention backend sets needs_cpu_seq_lens=False"
+
+
+def test_a_forced_claim_is_refused_with_why_it_is_forced():
+    got = caps_for("NGRAM", attn_backends=OPT_OUT, env={HOST_ENV: "reserved"})
+    assert got.refused == ("SPEC_FUSED_HOST_SEQ_LENS=reserved for NGRAM: USE_FULL_MASK verify "
+                           "sizes the tree mask from seq_lens_cpu on any backend (upstream "
+                           "forces host lengths for NGRAM)",)
+    got = caps_for("EAGLE", attn_backends=OPT_OUT, two_batch_overlap=True,
+                   env={HOST_ENV: "none"})
+    assert got.refused == ("SPEC_FUSED_HOST_SEQ_LENS=none for EAGLE: two-batch overlap splits "
+                           "batches on host lengths (upstream forces them)",)
+
+
+@pytest.mark.parametrize("tbo, why", [
+    (True, "two-batch overlap splits batches on host lengths (upstream forces them)"),
+    (None, "two-batch overlap could not be ruled out"),
+])
+def test_two_batch_overlap_forces_exact_host_lengths(tbo, why):
+    got = caps_for("EAGLE", worker=SimpleNamespace(host_seq_lens="none"), attn_backends=OPT_OUT,
+                   two_batch_overlap=tbo, env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source, got.why_host()) == ("exact", "forced", why)
+
+
+class EagleWorker:
+    def __init__(self, **claims):
+        self.__dict__.update(claims)
+
+
+def test_the_workers_declarations_and_their_reasons():
+    got = caps_for("EAGLE", worker=EagleWorker(needs_war_barrier=False, host_seq_lens="reserved"),
+                   attn_backends=NEEDS, env=NO_ENV)
+    assert (got.needs_war_barrier, got.barrier_source) == (False, "worker")
+    assert got.why_barrier() == "EagleWorker.needs_war_barrier=False"
+    assert (got.host_seq_lens, got.host_source) == ("reserved", "worker")
+    assert got.why_host() == "EagleWorker.host_seq_lens='reserved'"
+
+
+def test_a_worker_attribute_of_the_wrong_type_is_no_declaration():
+    got = caps_for("EAGLE", worker=EagleWorker(needs_war_barrier=0, host_seq_lens=None),
+                   attn_backends=NEEDS, env=NO_ENV)
+    assert (got.needs_war_barrier, got.barrier_source) == (True, "table")
+    assert (got.host_seq_lens, got.host_source) == ("exact", "table")
+
+
+def test_a_worker_cannot_lift_forced_host_lengths():
+    got = caps_for("NGRAM", worker=EagleWorker(host_seq_lens="none"), attn_backends=NEEDS,
+                   env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("exact", "forced")
+
+
+def test_backends_cannot_lift_forced_host_lengths():
+    got = caps_for("NGRAM", attn_backends=OPT_OUT, env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("exact", "forced")
+
+
+# ----------------------------------------------------------------------------- establish
+
+
+def _fences(value):
+    return lambda name: value and name == "DFLASH"
+
+
+@pytest.mark.parametrize("fences", [True, False])
+def test_the_tables_barrier_exemption_holds_only_where_the_worker_fences(monkeypatch, fences):
+    monkeypatch.setattr(upstream, "fences_own_shared_writes", _fences(fences))
+    got = decide("DFLASH", attn_backends=OPT_OUT, env=NO_ENV)
+    if fences:
+        assert (got.needs_war_barrier, got.barrier_source) == (False, "table")
+    else:
+        assert (got.needs_war_barrier, got.barrier_source) == (True, "installed")
+        assert got.why_barrier() == ("WAR barrier kept: the installed worker does not fence "
+                                     "its own req_to_token writes (no verify_done)")
+    # the other claim stands: the backends opted out
+    assert (got.host_seq_lens, got.host_source) == ("none", "backends")
+
+
+def test_establish_leaves_a_kept_barrier_and_later_layers_alone(monkeypatch):
+    monkeypatch.setattr(upstream, "fences_own_shared_writes", _fences(False))
+    got = decide("EAGLE", attn_backends=NEEDS, env=NO_ENV)
+    assert (got.needs_war_barrier, got.barrier_source) == (True, "table")
+    assert (got.host_seq_lens, got.host_source) == ("exact", "table")
+    got = decide("DFLASH", worker=EagleWorker(needs_war_barrier=False), env=NO_ENV)
+    assert (got.needs_war_barrier, got.barrier_source) == (False, "worker")
+    got = decide("DFLASH", attn_backends=NEEDS, env={BARRIER_ENV: "0"})
+    assert (got.needs_war_barrier, got.barrier_source) == (False, "env")
+    got = decide("DFLASH", attn_backends=NEEDS, worker=EagleWorker(host_seq_lens="reserved"),
+                 env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("reserved", "worker")
+
+
+def test_decide_holds_the_claims_to_the_named_algorithms_worker(monkeypatch):
+    monkeypatch.setattr(upstream, "plans_with_reserved_bound", lambda name: name == "DFLASH")
+    got = decide("DFLASH", attn_backends=NEEDS, env=NO_ENV)
+    assert got.why_host().startswith("exact host lengths: the installed worker plans with its "
+                                     "reserved bound only where")
+
+
+@pytest.mark.parametrize("bound, finding", [
+    (True, "exact host lengths: the installed worker plans with its reserved bound only "
+           "where every attention backend opts out of host lengths"),
+    (False, "exact host lengths: the installed worker does not plan with a reserved bound"),
+])
+def test_a_reserved_bound_from_the_table_becomes_exact(monkeypatch, bound, finding):
+    monkeypatch.setattr(upstream, "plans_with_reserved_bound", lambda name: bound)
+    got = decide("DFLASH", attn_backends=NEEDS, env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("exact", "installed")
+    assert got.why_host() == finding
+
+
+def test_establish_asks_about_the_algorithm_by_name(monkeypatch):
+    asked = []
+    monkeypatch.setattr(upstream, "fences_own_shared_writes",
+                        lambda name: asked.append(("fences", name)) or False)
+    monkeypatch.setattr(upstream, "plans_with_reserved_bound",
+                        lambda name: asked.append(("bound", name)) or False)
+    establish(SpecCaps(False, "reserved", "r"), SpeculativeAlgorithm.DFLASH)
+    assert asked == [("fences", "DFLASH"), ("bound", "DFLASH")]
+
+
+def test_decide_passes_every_layer_on(monkeypatch):
+    got = decide("EAGLE", worker=EagleWorker(needs_war_barrier=False), attn_backends=OPT_OUT,
+                 env={HOST_ENV: "reserved"}, two_batch_overlap=False)
+    assert (got.needs_war_barrier, got.barrier_source) == (False, "worker")
+    assert (got.host_seq_lens, got.host_source) == ("reserved", "env")
+    assert decide("EAGLE", attn_backends=OPT_OUT, env=NO_ENV,
+                  two_batch_overlap=None).host_seq_lens == "exact"
+
+
+# ----------------------------------------------------------------------------- describe
+
+
+def test_describe_rows_carry_both_decisions_and_their_sources(monkeypatch):
+    monkeypatch.setattr(upstream, "fences_own_shared_writes", _fences(False))
+    rows = {r["algorithm"]: r for r in describe(env=NO_ENV, attn_backends=OPT_OUT)}
+    eagle = rows["EAGLE"]
+    assert (eagle["needs_war_barrier"], eagle["host_seq_lens"], eagle["variant"]) == \
+        (True, "none", "war_guarded")
+    assert (eagle["barrier_source"], eagle["host_source"], eagle["refused"]) == \
+        ("table", "backends", [])
+    assert eagle["declared"] == "True/none" and eagle["in_sglang"] is True
+    dflash = rows["DFLASH"]
+    assert dflash["declared"] == "False/none"
+    assert (dflash["needs_war_barrier"], dflash["barrier_source"]) == (True, "installed")
+    assert "no verify_done" in dflash["reason"]
+    rows = {r["algorithm"]: r for r in describe(env=NO_ENV, attn_backends=OPT_OUT,
+                                                  two_batch_overlap=True)}
+    assert (rows["EAGLE"]["host_seq_lens"], rows["EAGLE"]["host_source"]) == ("exact", "forced")
+
+
+def test_describe_with_nothing_known_declares_dflashs_table_entry(monkeypatch):
+    monkeypatch.setattr(upstream, "fences_own_shared_writes", _fences(False))
+    monkeypatch.setattr(upstream, "plans_with_reserved_bound", lambda name: name == "DFLASH")
+    rows = {r["algorithm"]: r for r in describe(env=NO_ENV)}
+    assert rows["DFLASH"]["declared"] == "False/reserved"
+    assert (rows["DFLASH"]["host_seq_lens"], rows["DFLASH"]["host_source"]) == \
+        ("exact", "installed")
+    assert "the installed worker plans with its reserved bound only where" in \
+        rows["DFLASH"]["reason"]
+
+
+def test_describe_reports_refused_overrides():
+    rows = {r["algorithm"]: r for r in describe(env={HOST_ENV: "none"}, attn_backends=NEEDS)}
+    assert rows["EAGLE"]["refused"] == [
+        "SPEC_FUSED_HOST_SEQ_LENS=none for EAGLE: an attention backend reads host lengths "
+        "(needs_cpu_seq_lens)"]
+    assert "refused: SPEC_FUSED_HOST_SEQ_LENS=none" in rows["EAGLE"]["reason"]
+
+
+def test_describe_marks_what_the_installed_sglang_lacks(monkeypatch, registered):
+    installed = [m.name for m in SpeculativeAlgorithm if m.name != "UNO"] + ["MEDUSA"]
+    monkeypatch.setattr(caps_mod, "installed_algorithms", lambda: installed)
+    registered("plugin_algo", SpecCaps(True, "exact", "mine"))
+    rows = {r["algorithm"]: r for r in describe(env=NO_ENV)}
+    assert rows["UNO"]["in_sglang"] is False
+    assert rows["UNO"]["reason"].startswith("not in the installed SGLang; ")
+    assert rows["PLUGIN_ALGO"]["in_sglang"] is True
+    assert not rows["PLUGIN_ALGO"]["reason"].startswith("not in")
+    assert rows["EAGLE"]["in_sglang"] is True and not rows["EAGLE"]["reason"].startswith("not")
+    medusa = rows["MEDUSA"]
+    assert set(medusa) == {"algorithm", "error", "in_sglang"} and medusa["in_sglang"] is True
+    assert medusa["error"].startswith("no capabilities for speculative algorithm 'MEDUSA'")
+    assert medusa["error"].endswith("register_caps(name, SpecCaps(...))")
+
+
+def test_describe_without_sglang_counts_every_row_as_installed(monkeypatch):
+    monkeypatch.setattr(caps_mod, "installed_algorithms", lambda: None)
+    rows = describe(env=NO_ENV)
+    assert rows and all(r["in_sglang"] is True for r in rows)
+    assert not any(r["reason"].startswith("not in") for r in rows)
+
+
+def test_describe_turns_a_bad_setting_into_an_error_per_row():
+    rows = describe(env={BARRIER_ENV: "yes"})
+    assert rows
+    for row in rows:
+        assert set(row) == {"algorithm", "error", "in_sglang"}
+        assert row["error"] == "SPEC_FUSED_WAR_BARRIER='yes' is not valid; allowed values: 0, 1"
