@@ -131,7 +131,7 @@ def configuration(release: str, backend: str, algorithm: str, *,
     if algorithm == "NEXTN":
         algorithm = "EAGLE"
     notes = []
-    opts_out, note = gpu_only(release, backend, algorithm)
+    _, note = gpu_only(release, backend, algorithm)
     if note:
         notes.append(f"{backend}: {note}")
     backends = [backend]
