@@ -602,3 +602,30 @@ def test_a_future_map_without_the_buffer_has_no_such_attribute():
     with pytest.raises(AttributeError) as info:
         relay_mod.read_buffer(fm)
     assert info.value.args == ("new_seq_lens_buf",) and info.value.__cause__ is None
+
+
+def test_a_captured_publish_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog):
+    from spec_fused.kernels import publish_gather as pg
+
+    relay, fm, ops = _relay()
+    monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    relay.launcher.backend = relay.launcher.backend  # drop variants bound to the kernel
+    relay._bind_launch()
+    ops.capturing_now = True
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        with ops.on(ops.forward):
+            relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
+    assert relay.launcher.backend == "reference" and fm.new_seq_lens_buf[4] == 40
+    assert len([m for m in _messages(caplog) if "falling back" in m]) == 1
+
+
+def test_a_captured_publish_arms_consume_once_as_upstreams_publish_does():
+    upstream_fm = make_future_map("EAGLE", CFG)
+    upstream_fm.publish(torch.tensor([4]), torch.tensor([40]))
+    relay, fm, ops = _relay()
+    assert relay.consume_once_flag
+    fm._publish_fresh = False
+    ops.capturing_now = True
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
+    assert fm._publish_fresh is upstream_fm._publish_fresh is True

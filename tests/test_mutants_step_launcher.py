@@ -1,0 +1,222 @@
+"""The per-step launcher's contract, pinned down where mutation testing found it loose
+(scripts/mutation.py, tests/MUTATION.md).
+
+Expected lengths come from ``publish_gather_reference`` on a copy of the buffer (the
+plain-torch definition of the step: scatter, then gather) or from literals; the launch
+path taken is read from what the launcher documents (one full check for a combination it
+then remembers, ``launches`` counting device launches, DP-idle steps launching nothing)."""
+
+import pytest
+import torch
+
+from spec_fused.kernels import checks
+from spec_fused.kernels.checks import InputError, StaleHostMirrorError
+from spec_fused.kernels.publish_gather import publish_gather_reference
+from spec_fused.kernels.step_launcher import PublishGather
+
+from fake_triton import FakeCompiled, ReadyFast, bound_launcher
+
+BACKENDS = ["interpreter", "reference"]
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """The full checks run on a buffer: ``validations[id(buf)]`` (the launcher's own check
+    of its buffer when it is made included)."""
+    calls: dict = {}
+    real = checks.validate
+
+    def counted(buf, *args, **kwargs):
+        calls[id(buf)] = calls.get(id(buf), 0) + 1
+        return real(buf, *args, **kwargs)
+
+    monkeypatch.setattr(checks, "validate", counted)
+    return calls
+
+
+def _buf(pool=16):
+    return torch.arange(100, 100 + pool, dtype=torch.int64)
+
+
+# ----------------------------------------------------------------------------- host reads
+
+
+def test_a_release_launcher_waits_once_for_a_row_not_yet_stamped():
+    pg = PublishGather(_buf(), backend="reference")
+    pg.launch_checked(torch.tensor([1, 2]), None, None, True)
+    stamp = pg.stamp
+    pg.ring.np[stamp & 1, -1] = -5  # as a launch not yet complete would leave it
+    waits = []
+
+    def wait():
+        waits.append(1)
+        pg.ring.np[stamp & 1, -1] = stamp
+
+    lens, total = pg.read_row(stamp, 2, wait)
+    assert (lens.tolist(), total, waits) == ([101, 102], 203, [1])
+
+
+@pytest.mark.parametrize("debug", [True, False])
+def test_a_debug_launcher_never_waits_again(debug):
+    pg = PublishGather(_buf(), backend="reference", debug=debug)
+    pg.launch_checked(torch.tensor([1, 2]), None, None, True)
+    pg.ring.np[pg.stamp & 1, -1] = -5
+    waits = []
+    with pytest.raises(StaleHostMirrorError) as info:
+        pg.read_row(pg.stamp, 2, lambda: waits.append(1))
+    assert (info.value.cause, waits) == (("stale", []) if debug else ("stale after waiting", [1]))
+
+
+# ----------------------------------------------------------------------------- one check
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("host", [False, True])
+def test_one_full_check_then_none_whatever_the_batch_size(validations, backend, host):
+    """``max_batch`` bounds host rows only; a full batch (``n == max_batch``) is as lean
+    as any other, and without a host row ``n`` may exceed it."""
+    buf = _buf(32)
+    ref = buf.clone()
+    pg = PublishGather(buf, max_batch=4, backend=backend)
+    sizes = [4, 4, 2, 4] if host else [4, 9, 2, 12]
+    for step, n in enumerate(sizes):
+        gi = torch.arange(n) * 2
+        pi, pv = torch.tensor([step]), torch.tensor([500 + step])
+        want = publish_gather_reference(ref, gi, pi, pv)
+        out = pg.launch(gi, pi, pv, host)
+        assert out.tolist() == want.seq_lens.tolist()
+        if host:
+            lens, total = pg.read_row(pg.stamp, n)
+            assert (lens.tolist(), total) == (want.seq_lens.tolist(), int(want.seq_lens_sum))
+    # the buffer's check when the launcher was made, then one full check of the inputs
+    assert validations[id(buf)] == 2 and pg.launches == len(sizes)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pi_dtype, pv_dtype, lean", [
+    (torch.int64, torch.int64, True), (torch.int32, torch.int32, True),
+    (torch.int32, torch.int64, True), (torch.int64, torch.int32, True),
+    (torch.int64, torch.int16, False), (torch.int32, torch.int8, False),
+])
+def test_only_int32_and_int64_combinations_take_the_lean_path(validations, backend, pi_dtype,
+                                                              pv_dtype, lean):
+    buf = _buf()
+    ref = buf.clone()
+    pg = PublishGather(buf, backend=backend)
+    for step in range(3):
+        gi = torch.tensor([1, 3, 5])
+        pi = torch.tensor([3, step + 6], dtype=pi_dtype)
+        pv = torch.tensor([70 + step, 80], dtype=pv_dtype)
+        want = publish_gather_reference(ref, gi, pi, pv)
+        assert pg.launch(gi, pi, pv, False).tolist() == want.seq_lens.tolist()
+    assert torch.equal(buf, ref)
+    assert validations[id(buf)] == 1 + (1 if lean else 3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["publish_indices", "publish_values"])
+def test_a_publish_off_the_buffers_device_takes_the_full_check(backend, which):
+    buf = _buf()
+    pg = PublishGather(buf, backend=backend)
+    idx = torch.tensor([1, 2, 3])
+    pg.launch(idx, idx, idx + 50, False)
+    before = buf.clone()
+    pi, pv = idx, idx + 60
+    if which == "publish_indices":
+        pi = pi.to("meta")
+    else:
+        pv = pv.to("meta")
+    with pytest.raises(InputError, match=f"{which} is on meta"):
+        pg.launch(idx, pi, pv, False)
+    assert torch.equal(buf, before)
+
+
+@pytest.mark.parametrize("validate, poison", [(True, False), (False, True)])
+def test_validate_or_poison_runs_the_deep_check(validate, poison):
+    """Debug mode's full check includes the range of every index (clear error, nothing
+    written); release mode leaves that to the O(1) guard."""
+    buf = _buf()
+    pg = PublishGather(buf, validate=validate, poison=poison, backend="reference")
+    before = buf.clone()
+    with pytest.raises(InputError, match="gather_indices has slot 99 outside the pool"):
+        pg.launch_checked(torch.tensor([1, 99]), None, None, False)
+    assert torch.equal(buf, before)
+
+
+# ----------------------------------------------------------------------------- DP-idle
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ["null"])
+def test_a_dp_idle_step_launches_nothing_and_reads_back_empty(backend):
+    pg = PublishGather(_buf(), backend=backend)
+    empty = torch.empty(0, dtype=torch.int64)
+    for launch in (pg.launch_checked, pg.launch):
+        out = launch(empty, None, None, True)
+        assert out.dtype == torch.int64 and out.tolist() == []
+        assert pg.launches == 0
+        lens, total = pg.read_row(pg.stamp, 0)
+        assert (lens.tolist(), total) == ([], 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_launch_counts_once_and_has_its_own_stamp(backend):
+    pg = PublishGather(_buf(), backend=backend)
+    stamps = []
+    for step in range(4):
+        pg.launch(torch.tensor([step]), None, None, True)
+        stamps.append(pg.stamp)
+        assert pg.launches == step + 1
+    assert stamps == [0, 1, 2, 3]
+
+
+# ----------------------------------------------------------------------------- null backend
+
+
+def test_the_null_backend_does_no_device_work_but_keeps_the_rows_stamps():
+    buf = _buf()
+    before = buf.clone()
+    pg = PublishGather(buf, backend="null")
+    pg.launch_checked(torch.tensor([1]), torch.tensor([1]), torch.tensor([7]), True)
+    first = pg.stamp
+    pg.launch(torch.tensor([2]), None, None, False)
+    pg.launch(torch.tensor([3]), None, None, False)
+    assert torch.equal(buf, before) and pg.launches == 0
+    pg.read_row(first, 1)  # still launch ``first``'s row: the later launches had no host row
+
+
+# ----------------------------------------------------------------------------- staging
+
+
+def test_staged_host_indices_are_an_int64_copy_the_launch_gathers_through():
+    buf = _buf()
+    pg = PublishGather(buf, max_batch=4, backend="interpreter")
+    host = torch.tensor([5, 1, 2], dtype=torch.int32)
+    view = pg.stage_host_indices(host)
+    assert view is pg.staged and view.dtype == torch.int64 and view.tolist() == [5, 1, 2]
+    host[0] = 9  # the staged copy is the launcher's own
+    assert pg.launch(view, None, None, True).tolist() == [105, 101, 102]
+    longer = pg.stage_host_indices(torch.arange(7))  # more than max_batch: a bigger buffer
+    assert longer.tolist() == list(range(7)) and pg.staged is longer
+
+
+# ----------------------------------------------------------------------------- binding
+
+
+def test_binding_a_compiled_kernel_takes_every_parameter():
+    pg = PublishGather(_buf(), backend="interpreter")
+    pg._fast = ReadyFast()
+    bound = pg._bind(FakeCompiled())
+    assert bound is not None and pg._fast.blocked is None
+
+
+def test_the_bound_launch_writes_the_stamp_at_the_rows_end():
+    buf = _buf()
+    ref = buf.clone()
+    pg = bound_launcher(buf, FakeCompiled())
+    for step in range(3):
+        gi = torch.tensor([step, 4])
+        want = publish_gather_reference(ref, gi)
+        pg.launch(gi, None, None, True)
+        row = pg.ring.rows[pg.stamp % 2]
+        assert int(row[-1]) == pg.stamp and row[:3].tolist() == \
+            want.seq_lens.tolist() + [int(want.seq_lens_sum)]
