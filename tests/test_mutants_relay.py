@@ -405,20 +405,19 @@ def test_fencing_keeps_the_pending_publishs_tensors_alive_on_the_callers_stream(
                        ("schedule", "record_stream"), ("schedule", "record_stream")]
 
 
-@pytest.mark.parametrize("bad, error", [
-    ((torch.tensor([99]), torch.tensor([1])), "IndexError"),
-    ((torch.tensor([1]), "not a tensor"), "AttributeError"),
-])
-def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog, bad, error):
+def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog):
     relay, fm, ops = _relay(ops=None)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        for _ in range(2):
+        for bad in [(torch.tensor([99]), torch.tensor([1])), (torch.tensor([98]), torch.tensor([2])),
+                    (torch.tensor([1]), "not a tensor")]:
             relay.pending = bad
             relay.settle_pending()
             assert relay.pending is None
     lines = _messages(caplog)
-    assert len(lines) == 1
-    assert lines[0].startswith(f"spec_fused: a publish that cannot land was dropped ({error}: ")
+    assert len(lines) == 2
+    assert lines[0].startswith("spec_fused: a publish that cannot land was dropped (IndexError: ")
+    assert lines[1].startswith("spec_fused: a publish that cannot land was dropped "
+                               "(AttributeError: ")
 
 
 # ----------------------------------------------------------------------------- relay_for
@@ -484,11 +483,20 @@ def test_release_mode_leaves_the_buffer_as_sglang_made_it(monkeypatch):
     assert torch.equal(fm.__dict__["new_seq_lens_buf"], before)
 
 
+class _FutureMapWithoutRelayBuffers:
+    """What a FutureMap before 0.5.23 carries (no ``_relay`` at all)."""
+
+    def __init__(self):
+        self.new_seq_lens_buf = torch.zeros(CFG.pool, dtype=torch.int64)
+        self.needs_cpu_seq_lens = True
+        self.publish_ready = None
+        self.spec_algo = SpeculativeAlgorithm.EAGLE
+
+
 def test_debug_mode_poisons_a_future_map_without_relay_buffers(monkeypatch):
     monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
     monkeypatch.setattr(relay_mod, "_sglang_tracks_seq_lens", lambda: False)
-    fm = make_future_map("EAGLE", CFG)
-    fm.__dict__.pop("_relay", None)
+    fm = _FutureMapWithoutRelayBuffers()
     assert relay_mod.relay_for(fm) is not None
     assert (fm.__dict__["new_seq_lens_buf"] == -1).all()
 
@@ -629,3 +637,44 @@ def test_a_captured_publish_arms_consume_once_as_upstreams_publish_does():
     with ops.on(ops.forward):
         relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
     assert fm._publish_fresh is upstream_fm._publish_fresh is True
+
+
+# ----------------------------------------------------------------------------- kernel failures
+
+
+def _break_kernel(monkeypatch, relay):
+    from spec_fused.kernels import publish_gather as pg
+
+    monkeypatch.setattr(pg, "_launch",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel broke")))
+    relay.launcher.backend = relay.launcher.backend  # drop anything bound to the kernel
+    relay._bind_launch()
+
+
+FALLING_BACK = ("spec_fused: fused kernel failed on cpu (RuntimeError: kernel broke); "
+                "falling back to the torch reference")
+
+
+def test_an_exact_resolve_whose_kernel_fails_gets_its_lengths_from_the_reference(monkeypatch,
+                                                                                caplog):
+    relay, fm, ops = _relay()
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
+    _break_kernel(monkeypatch, relay)
+    batch = decode_batch([1, 2], CFG)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        relay.resolve(fm, batch)
+    assert batch.seq_lens.tolist() == [10, 20] and batch.seq_lens_cpu.tolist() == [10, 20]
+    assert batch.seq_lens_sum == 30 and relay.launcher.backend == "reference"
+    assert _messages(caplog) == [FALLING_BACK]  # and no stale host row read from the device
+
+
+@pytest.mark.parametrize("on_cuda", [False, True])
+def test_a_flush_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog, on_cuda):
+    relay, fm, ops = _relay(ops="fake" if on_cuda else None)
+    relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
+    _break_kernel(monkeypatch, relay)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        relay.flush()
+    assert relay.pending is None and fm.new_seq_lens_buf[1:3].tolist() == [10, 20]
+    assert relay.launcher.backend == "reference" and _messages(caplog) == [FALLING_BACK]
