@@ -131,18 +131,6 @@ def test_a_publish_off_the_buffers_device_takes_the_full_check(backend, which):
     assert torch.equal(buf, before)
 
 
-@pytest.mark.parametrize("validate, poison", [(True, False), (False, True)])
-def test_validate_or_poison_runs_the_deep_check(validate, poison):
-    """Debug mode's full check includes the range of every index (clear error, nothing
-    written); release mode leaves that to the O(1) guard."""
-    buf = _buf()
-    pg = PublishGather(buf, validate=validate, poison=poison, backend="reference")
-    before = buf.clone()
-    with pytest.raises(InputError, match="gather_indices has slot 99 outside the pool"):
-        pg.launch_checked(torch.tensor([1, 99]), None, None, False)
-    assert torch.equal(buf, before)
-
-
 # ----------------------------------------------------------------------------- DP-idle
 
 
@@ -220,3 +208,109 @@ def test_the_bound_launch_writes_the_stamp_at_the_rows_end():
         row = pg.ring.rows[pg.stamp % 2]
         assert int(row[-1]) == pg.stamp and row[:3].tolist() == \
             want.seq_lens.tolist() + [int(want.seq_lens_sum)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sums_beyond_float_precision_are_exact(backend):
+    buf = torch.tensor([2**40 + 1, 2**41 + 3, 5, 2**53 - 1], dtype=torch.int64)
+    ref = buf.clone()
+    pg = PublishGather(buf, backend=backend)
+    gi = torch.tensor([0, 1, 2])
+    want = publish_gather_reference(ref, gi)
+    for launch in (pg.launch_checked, pg.launch):
+        out = launch(gi, None, None, True)
+        lens, total = pg.read_row(pg.stamp, 3)
+        assert out.tolist() == lens.tolist() == want.seq_lens.tolist()
+        assert total == int(want.seq_lens_sum) == 2**40 + 2**41 + 9
+
+
+# ----------------------------------------------------------------------------- CUDA binding
+# A CPU has no CUDA device: these pretend the buffer is on one (``_on_cuda``/``_on_cpu``/
+# ``_device_index``, what the launcher derived from ``buf.device`` when it was made) and
+# stand in for the CUDA-only pieces, to read what the launcher binds there.
+
+
+class _FastLaunch:
+    def __init__(self, device_index, kernel=None):
+        self.device_index, self.blocked = device_index, None
+
+    def block(self, why):
+        self.blocked = why
+
+
+def _pretend_cuda(pg, device_index=0):
+    pg._on_cuda, pg._on_cpu, pg._device_index = True, False, device_index
+    return pg
+
+
+@pytest.mark.parametrize("verdict, blocked", [
+    (None, None),
+    (dict(direct=True, notes=[]), None),
+    (dict(direct=False, notes=["wrong lengths from the direct launch", "later note"]),
+     "start-up canary: wrong lengths from the direct launch"),
+    (dict(direct=True, notes=["an earlier downgrade"]), None),
+])
+def test_compiled_triton_binds_a_direct_launch_unless_the_canary_disproved_it(monkeypatch,
+                                                                             verdict, blocked):
+    from spec_fused.kernels import backend as backend_mod
+    from spec_fused.kernels import direct_launch
+
+    monkeypatch.setattr(direct_launch, "FastLaunch", _FastLaunch)
+    proven = None if verdict is None else backend_mod.Verdict("cuda:0", "triton", **verdict)
+    monkeypatch.setattr(backend_mod, "verdict_for", lambda device: proven)
+    pg = _pretend_cuda(PublishGather(_buf(), backend="reference"), device_index=3)
+    pg.backend = "triton"
+    assert isinstance(pg._fast, _FastLaunch) and pg._fast.device_index == 3
+    assert pg._fast.blocked == blocked
+    pg.backend = "reference"
+    assert pg._fast is None
+
+
+def test_the_host_ring_is_pinned_exactly_on_cuda(monkeypatch):
+    from spec_fused.kernels import step_launcher as mod
+
+    pinned = []
+    real = mod.HostRing
+
+    def ring(max_batch, **kwargs):
+        pinned.append(kwargs["pinned"])
+        return real(max_batch, pinned=False)
+
+    monkeypatch.setattr(mod, "HostRing", ring)
+    PublishGather(_buf(), backend="reference").ensure_host_ring()
+    _pretend_cuda(PublishGather(_buf(), backend="reference")).ensure_host_ring()
+    assert pinned == [False, True]
+
+
+def test_on_cuda_the_guard_accepts_device_inputs_and_the_staged_copy_only():
+    """Gather indices on the buffer's device, or the launcher's own staged pinned copy;
+    publish indices and values on the buffer's device. A CPU tensor is on device -1, so
+    with the buffer pretended on device 0, CPU inputs stand for inputs on another device."""
+    pg = PublishGather(_buf(), backend="reference")
+    staged = pg.stage_host_indices(torch.tensor([1, 2]))  # (pinned on a real CUDA buffer)
+    _pretend_cuda(pg, device_index=0)
+    elsewhere = torch.tensor([1, 2])
+    pg._variants[(torch.int64, False)] = "lean"
+    pg._variants[(torch.int64, torch.int64, torch.int64, False)] = "lean publish"
+    assert pg._variant(staged, None, None, False) == "lean"
+    assert pg._variant(elsewhere, None, None, False) is _unseen()
+    assert pg._variant(staged, elsewhere, elsewhere, False) is _unseen()
+    pg._device_index = -1  # every CPU tensor is now "on the buffer's device"
+    assert pg._variant(elsewhere, elsewhere, elsewhere, False) == "lean publish"
+
+
+def _unseen():
+    from spec_fused.kernels import step_launcher as mod
+
+    return mod._UNSEEN
+
+
+def test_the_reference_backend_never_runs_the_kernel(kernel_launches):
+    pg = PublishGather(_buf(), backend="reference")
+    for launch in (pg.launch_checked, pg.launch, pg.launch):
+        launch(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([7]), True)
+    assert pg.launches == 3 and kernel_launches.count == 0
+    pg.backend = "interpreter"
+    for launch in (pg.launch_checked, pg.launch):
+        launch(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([8]), True)
+    assert pg.launches == 5 and kernel_launches.count == 2
