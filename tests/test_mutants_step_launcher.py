@@ -314,3 +314,41 @@ def test_the_reference_backend_never_runs_the_kernel(kernel_launches):
     for launch in (pg.launch_checked, pg.launch):
         launch(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([8]), True)
     assert pg.launches == 5 and kernel_launches.count == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_the_steady_state_a_new_bad_combination_still_gets_the_full_check(backend):
+    buf = _buf()
+    pg = PublishGather(buf, backend=backend)
+    idx = torch.tensor([1, 2, 3])
+    for step in range(3):  # checked once, then lean: the steady state
+        pg.launch(idx, idx, idx + step, False)
+    before = buf.clone()
+    with pytest.raises(TypeError, match="publish_values must be an integer tensor"):
+        pg.launch(idx, idx, (idx + 9).float(), False)
+    with pytest.raises(TypeError, match="publish_values must be an integer tensor"):
+        pg.launch(idx, idx, (idx + 9).float(), True)
+    assert torch.equal(buf, before)
+
+
+def test_the_bound_launch_poisons_what_it_gathered_in_debug_mode():
+    """Consume-once (debug): a gathered slot reads as consumed until it is published again,
+    through the bound direct launch as through the checked one."""
+    from spec_fused.kernels import direct_launch
+    from spec_fused.kernels.checks import PoisonedSlotError
+
+    from fake_triton import N_ARGS
+
+    buf = _buf()
+    pg = PublishGather(buf, poison=True, backend="interpreter")
+    pg._fast = ReadyFast()
+    compiled = FakeCompiled()
+    bound, why = direct_launch.bind(compiled, N_ARGS)
+    pg._bind = lambda _compiled: bound
+    pg.launch(torch.tensor([1, 2]), None, None, False)  # checked, binds
+    assert pg.launch(torch.tensor([3, 4]), None, None, False).tolist() == [103, 104]  # bound
+    assert len(compiled.calls) == 1
+    assert buf[[1, 2, 3, 4]].tolist() == [-1, -1, -1, -1]
+    pg.launch(torch.tensor([5]), torch.tensor([3]), torch.tensor([33]), False)
+    with pytest.raises(PoisonedSlotError):
+        pg.launch_checked(torch.tensor([4]), None, None, False)
