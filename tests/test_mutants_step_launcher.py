@@ -352,3 +352,14 @@ def test_the_bound_launch_poisons_what_it_gathered_in_debug_mode():
     pg.launch(torch.tensor([5]), torch.tensor([3]), torch.tensor([33]), False)
     with pytest.raises(PoisonedSlotError):
         pg.launch_checked(torch.tensor([4]), None, None, False)
+
+
+def test_the_reference_step_gathers_through_staged_host_indices_on_cuda():
+    """On CUDA the reference moves the staged pinned indices to the device first; here the
+    buffer is only pretended on CUDA, so the move is to the CPU it already is on."""
+    buf = _buf()
+    pg = PublishGather(buf, backend="reference")
+    staged = pg.stage_host_indices(torch.tensor([4, 2]))
+    pg.launch(staged, None, None, False)  # checked once
+    _pretend_cuda(pg, device_index=-1)
+    assert pg.launch(staged, None, None, False).tolist() == [104, 102]
