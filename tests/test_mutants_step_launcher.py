@@ -144,6 +144,14 @@ def test_a_dp_idle_step_launches_nothing_and_reads_back_empty(backend):
         assert pg.launches == 0
         lens, total = pg.read_row(pg.stamp, 0)
         assert (lens.tolist(), total) == ([], 0)
+    # and in the steady state (the host combination already launched once); the
+    # reference's lean step makes its (empty) torch ops all the same
+    pg.launch(torch.tensor([1, 2]), None, None, True)
+    launches = pg.launches
+    out = pg.launch(empty, None, None, True)
+    assert out.tolist() == [] and pg.read_row(pg.stamp, 0)[1] == 0
+    if backend != "reference":
+        assert pg.launches == launches
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
