@@ -404,6 +404,59 @@ def _run_module(module, ms, chosen, logs, sample, seed, partial, confirm) -> Non
         target.write_text(original)
 
 
+# ---------------------------------------------------------------------------- planted faults
+
+# name -> (file, old text, new text, how many times old must occur): faults the fast tier
+# must catch, planted in their own scratch copy of the tree.
+PLANTED = {
+    # a one-row ring: launch k+1 overwrites the row launch k's reader may still be copying
+    "one_row_ring": ("spec_fused/kernels/host_ring.py", "stamp & 1", "stamp & 0", None),
+    # the WAR barrier dropped when the backends opt out of host lengths: establish() holds
+    # the table's barrier exemption to the installed worker only while host_source is
+    # still the table's
+    "barrier_skipped_unless_host_from_table": (
+        "spec_fused/caps.py",
+        '    if caps.barrier_source == "table" and not caps.needs_war_barrier \\\n',
+        '    if caps.host_source == "table" and caps.barrier_source == "table" \\\n'
+        '            and not caps.needs_war_barrier \\\n', 1),
+}
+FAST_TIER = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not scheduler and not gpu",
+             "--ignore=tests/test_scheduler_tier.py", "tests"]
+
+
+def plant(names: list[str]) -> None:
+    """Each planted fault in a scratch copy; the fast tier, exactly as documented, must fail."""
+    global WORK
+    WORK = WORK.with_name("spec_fused_planted")
+    for name in names:
+        rel, old, new, count = PLANTED[name]
+        make_workspace()
+        target = WORK / rel
+        text = target.read_text()
+        found = text.count(old)
+        if not found or (count is not None and found != count):
+            raise SystemExit(f"{name}: {old!r} occurs {found} times in {rel}")
+        target.write_text(text.replace(old, new))
+        env = dict(os.environ, TRITON_INTERPRET="1", SPEC_FUSED_HYPOTHESIS_PROFILE="fast",
+                   PYTHONDONTWRITEBYTECODE="1")
+        where = subprocess.run([sys.executable, "-c", "import spec_fused; print(spec_fused.__file__)"],
+                               cwd=WORK, env=env, capture_output=True, text=True).stdout.strip()
+        if not where.startswith(str(WORK)):
+            raise SystemExit(f"the scratch copy imports {where}, not its own spec_fused")
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, *FAST_TIER], cwd=WORK, env=env,
+                              capture_output=True, text=True)
+        failed = re.findall(r"^FAILED (\S+)", proc.stdout, re.M)
+        summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+        verdict = "CAUGHT" if proc.returncode != 0 else "MISSED"
+        print(f"{name}: {verdict} (rc {proc.returncode}, {time.monotonic() - start:.0f}s) "
+              f"{summary}")
+        for nodeid in failed:
+            print(f"    FAILED {nodeid}")
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"planted-{name}.log").write_text(proc.stdout + proc.stderr)
+
+
 # ---------------------------------------------------------------------------- report
 
 def load_equivalent(path: Path | None) -> dict:
@@ -464,6 +517,8 @@ def main(argv=None) -> None:
                    help="a mutant the selected tests miss runs the whole subset too")
     r.add_argument("--sample", type=float, default=1.0, help="a seeded fraction of the mutants")
     r.add_argument("--seed", type=int, default=20260101)
+    pl = sub.add_parser("plant", help="planted faults the fast tier must fail on")
+    pl.add_argument("names", nargs="*", default=list(PLANTED))
     rep = sub.add_parser("report")
     rep.add_argument("--equivalent", type=Path, default=ROOT / "tests" / "mutation_equivalent.txt")
     rep.add_argument("-v", "--verbose", action="store_true")
@@ -484,6 +539,8 @@ def main(argv=None) -> None:
             if module not in MODULES:
                 p.error(f"unknown module {module!r}; one of {list(MODULES)}")
         run(a.modules, a.ids, a.sample, a.seed, a.survivors, a.confirm)
+    elif a.cmd == "plant":
+        plant(a.names)
     else:
         report(a.equivalent, a.verbose)
 
