@@ -326,7 +326,7 @@ def backends() -> dict:
         def probe(dev=dev):
             import torch
 
-            from spec_fused.relay import unsupported_device
+            from spec_fused.cuda_ops import unsupported_device
 
             device = torch.device(dev)
             not_relayed = unsupported_device(device)
@@ -353,16 +353,31 @@ CAPS_COLUMNS = ("algorithm", "declared", "needs_war_barrier", "host_seq_lens", "
                 "reason")
 
 
-def caps_rows(env: Optional[Mapping[str, str]] = None) -> list[dict]:
+def caps_rows(env: Optional[Mapping[str, str]] = None,
+              config: Optional[Mapping[str, object]] = None) -> list[dict]:
     """:func:`spec_fused.caps.describe`, made total: a setting that breaks the whole table
     (e.g. ``SPEC_FUSED_WAR_BARRIER=yes`` makes ``caps_for`` raise for every algorithm)
-    becomes an error on every row, so the doctor still lists all the names it knows."""
+    becomes an error on every row, so the doctor still lists all the names it knows.
+    With a configuration (SGLang's flags), the table is for its attention backends and
+    two-batch overlap; without one, the backends are unknown (exact host lengths)."""
     try:
         from spec_fused import caps
     except Exception as exc:  # noqa: BLE001
         return [{"algorithm": "?", "error": f"cannot import spec_fused.caps ({_error(exc)})"}]
+    backends, tbo = None, False
+    if config and config.get("attention_backend"):
+        from spec_fused import impact
+        from spec_fused.relay import BackendsDecision
+
+        row = impact.configuration(impact_release(), str(config["attention_backend"]),
+                                   str(config.get("speculative_algorithm") or "EAGLE"),
+                                   draft_backend=config.get(
+                                       "speculative_draft_attention_backend"))
+        backends = [BackendsDecision(row.needs_host_lengths)]
+        tbo = bool(config.get("enable_two_batch_overlap"))
     try:
-        return [dict(row) for row in caps.describe(env=env)]
+        return [dict(row) for row in caps.describe(env=env, attn_backends=backends,
+                                                   two_batch_overlap=tbo)]
     except Exception as exc:  # noqa: BLE001
         names = _safely(caps.known_algorithms, lambda _: [])
         return [{"algorithm": name, "error": _error(exc)} for name in names] or \
@@ -370,6 +385,14 @@ def caps_rows(env: Optional[Mapping[str, str]] = None) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- impact
+
+
+def impact_release() -> str:
+    """The release the impact facts are read for: the installed one, else the newest
+    tested (so the doctor still answers without SGLang)."""
+    from spec_fused.releases import TESTED_RELEASES
+
+    return _dist_version("sglang") or TESTED_RELEASES[-1]
 
 
 def impact_report(config: Optional[Mapping[str, object]] = None) -> dict:
@@ -381,10 +404,9 @@ def impact_report(config: Optional[Mapping[str, object]] = None) -> dict:
     from dataclasses import asdict
 
     from spec_fused import impact
-    from spec_fused.releases import TESTED_RELEASES
 
     installed = _dist_version("sglang")
-    release = installed or TESTED_RELEASES[-1]
+    release = impact_release()
     out = {"release": release, "installed": installed is not None}
     if not config or not config.get("attention_backend"):
         out["rows"] = [asdict(r) for r in impact.release_rows(release)]
@@ -430,7 +452,7 @@ def gather(env: Optional[Mapping[str, str]] = None,
             "installed": False, "would_load": False,
             "reasons": [f"the plugin checks failed ({_error(exc)})"], "checks": []}),
         "backends": _safely(backends, section_error("backends")),
-        "caps": _safely(lambda: caps_rows(env), lambda exc: [
+        "caps": _safely(lambda: caps_rows(env, config), lambda exc: [
             {"algorithm": "?", "error": _error(exc)}]),
         "impact": _safely(lambda: impact_report(config), section_error("impact")),
     }

@@ -1,42 +1,31 @@
 """The fused length relay that stands in for ``FutureMap.publish`` + ``resolve_seq_lens_cpu``.
 
 Upstream publishes step N's lengths with a scatter on the forward stream and resolves
-step N+1's with an event wait, a gather, a D2H copy of the whole pool, a blocking
-synchronize and a host sum. Here ``publish`` only remembers *what* to write (and records
-the same ``publish_ready`` event upstream records), and ``resolve`` issues ONE launch
-that publishes, gathers and sums. What the host gets follows :mod:`spec_fused.caps`:
+step N+1's with an event wait, a gather and - where a backend reads host lengths - a D2H
+copy of the whole pool, a blocking synchronize and a host sum. Here ``publish`` only
+remembers *what* to write (and records the ``publish_ready`` event upstream records), and
+``resolve`` issues ONE launch that publishes, gathers and sums. What the host gets
+follows :mod:`spec_fused.caps`:
 
-* host lengths not exact (every attention backend opts out, as upstream's GPU-only
-  path): the caller's stream waits for ``publish_ready`` on the device, as upstream's
-  does, and the launch runs there. The host never waits and nothing is copied to it;
-  ``seq_lens_cpu`` and ``seq_lens_sum`` are ``None``, exactly as upstream leaves them.
+* no host lengths (every attention backend opts out): the caller's stream waits for
+  ``publish_ready`` on the device, as upstream's GPU-only path, and the launch runs there;
+  ``seq_lens_cpu`` and ``seq_lens_sum`` are ``None``, as upstream leaves them.
 * exact host lengths: the launch runs on a private stream gated on ``publish_ready``
   only - it gathers through pinned host indices, so it does not wait for the schedule
-  stream and its WAR barrier - and writes ``bs + 1`` values into a stamped pinned ring.
+  stream and its WAR barrier - and writes ``bs + 1`` values into the pinned host ring.
   The host waits for that launch alone, never for a pool-sized copy.
 
-Where it engages: NVIDIA CUDA and CPU. On ROCm (HIP) upstream takes HIP-only branches
-(``publish_ready.synchronize()``, the ``stream_ordered`` resolve) and on XPU, NPU and
-other devices its ordering rests on device semantics this relay was never run on: there
-SGLang's own path runs, with one log line (:func:`unsupported_device`).
-
-The per-step path is a straight line: everything fixed per FutureMap (the buffer, the
-launcher and its backend, the device, whether it has a consume-once flag or relay
-buffers, the private stream) is bound when the relay is made; a step reads its inputs,
-makes one launch and writes the batch's fields.
-
-A publish still pending when anything else reads ``new_seq_lens_buf`` is landed first
-(:meth:`FusedRelay.flush`, on the private stream behind ``publish_ready`` only, then the
-reader's stream waits for it), and a resolve with nothing to gather lands it too, so no
-pending publish outlives the next forward. Every failure walks down a ladder - Triton
-kernel -> torch reference -> SGLang's own method - logging each reason once, so a
-request never sees a wrong length.
+Everything fixed per FutureMap is bound when the relay is made, so a step reads its
+inputs, makes one launch and writes the batch's fields. A publish still pending when
+anything else reads ``new_seq_lens_buf`` lands first (:meth:`FusedRelay.flush`), as does
+one at a resolve with nothing to gather. Every failure walks down a ladder - Triton kernel
+-> torch reference -> SGLang's own method - logging each reason once. CUDA calls and the
+devices it engages on: :mod:`spec_fused.cuda_ops`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from typing import Optional
 
@@ -44,6 +33,7 @@ import torch
 
 from spec_fused import upstream
 from spec_fused.caps import SpecCaps, decide, select_variant
+from spec_fused.cuda_ops import ops_for, unsupported_device
 from spec_fused.kernels.backend import explain_relay_backend
 from spec_fused.kernels.checks import (
     InputError,
@@ -52,6 +42,7 @@ from spec_fused.kernels.checks import (
     StaleHostMirrorError,
 )
 from spec_fused.kernels.step_launcher import PublishGather
+from spec_fused.upstream import debug_enabled, sglang_tracks_seq_lens
 
 logger = logging.getLogger("spec_fused")
 
@@ -61,7 +52,7 @@ CAPS_ATTR = "_spec_fused_caps"  # set by the scheduler patch, which knows worker
 BUF_ATTR = "new_seq_lens_buf"
 
 _logged: set = set()
-_live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()
+live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()  # for remove() to flush
 # What is the caller's fault (bad input, raised before anything is written) or a caught
 # bug (SGLang's own debug assertions, the consume-once and stamp checks): raised to the
 # caller, never a reason to change backend. Anything else a launch raises - Triton's
@@ -75,56 +66,6 @@ def log_once(key, msg, *args, level=logging.WARNING) -> None:
         return
     _logged.add(key)
     logger.log(level, "spec_fused: " + msg, *args)
-
-
-def debug_enabled() -> bool:
-    """``SPEC_FUSED_DEBUG=1``, or SGLang's own CI switch (``SGLANG_IS_IN_CI``) where the
-    installed FutureMap itself tracks seq-lens consumption (0.5.23 does: poisoned init and
-    consume-once; 0.5.15 only tracks output tokens), so both sides poison the same rows."""
-    if os.environ.get("SPEC_FUSED_DEBUG", "") == "1":
-        return True
-    return _sglang_tracks_seq_lens()
-
-
-def _sglang_tracks_seq_lens() -> bool:
-    """SGLang's own debug mode is on and its FutureMap poisons the seq-lens relay itself."""
-    return _sglang_debug_assert() and _sglang_poisons_seq_lens()
-
-
-def _sglang_debug_assert() -> bool:
-    try:
-        from sglang.srt.managers import overlap_utils
-
-        return bool(getattr(overlap_utils, "_DEBUG_ASSERT", False))
-    except Exception:
-        return False
-
-
-def _sglang_poisons_seq_lens() -> bool:
-    try:
-        import inspect
-
-        from sglang.srt.managers import overlap_utils
-
-        return "self.new_seq_lens_buf = torch.full(" in inspect.getsource(
-            overlap_utils.FutureMap.__init__)
-    except Exception:
-        return False
-
-
-def unsupported_device(device) -> Optional[str]:
-    """Why the relay does not engage on ``device`` (SGLang's own path runs), or None."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return None
-    if device.type == "cuda":
-        if getattr(torch.version, "hip", None):
-            return ("ROCm (HIP): upstream takes HIP-only branches here (publish_ready."
-                    "synchronize(), the stream_ordered resolve) that spec_fused does not "
-                    "reproduce")
-        return None
-    return (f"{device.type}: spec_fused's ordering was only ever run on NVIDIA CUDA and "
-            f"CPU")
 
 
 class BackendsDecision:
@@ -151,68 +92,21 @@ def future_map_caps(fm, *, worker=None, server_args=None) -> SpecCaps:
     return caps
 
 
-class CudaOps:
-    """Every CUDA call the relay makes, in one place: the stream, event and capture
-    logic is then exercised on a CPU by a stand-in that records what was called, in
-    order (tests/test_stream_order.py), and run for real by tests/test_gpu.py."""
-
-    def __init__(self, device):
-        self.device = torch.device(device)
-        self.current_stream = lambda: torch.cuda.current_stream(self.device)
-        self.capturing = torch.cuda.is_current_stream_capturing
-        self.stream_ctx = torch.cuda.stream
-        self.event = torch.cuda.Event
-
-    def new_stream(self, avoid: set):
-        """A high-priority stream that is none of ``avoid`` (raw handles). CUDA hands
-        streams out round-robin from a fixed pool per priority, so a fresh ``Stream()``
-        can be one SGLang already uses (its own ``allocate_distinct_stream`` guards
-        against that); SGLang's scheduler streams are priority 0, so this draws from the
-        high-priority pool, and checks all the same."""
-        for _ in range(65):
-            stream = torch.cuda.Stream(self.device, priority=-1)
-            if stream.cuda_stream not in avoid:
-                return stream
-        raise RuntimeError("spec_fused: unable to allocate a stream distinct from SGLang's")
-
-    @staticmethod
-    def handle(stream) -> int:
-        return stream.cuda_stream
-
-    @staticmethod
-    def record_stream(tensor, stream) -> None:
-        if tensor.device.type == "cuda":
-            tensor.record_stream(stream)
-
-
-def ops_for(device) -> Optional[CudaOps]:
-    """The CUDA calls for a relay on ``device``; None where the device is the host."""
-    return CudaOps(device) if torch.device(device).type == "cuda" else None
-
-
 class FusedRelay:
     """Per-FutureMap state: the pending publish, the launcher, the chosen variant.
 
-    Why each step allocates its ``(n,)`` result rather than writing into a ring: the
-    tensor becomes ``batch.seq_lens``, and SGLang 0.5.23 keeps it well past the step -
-    ``_forward_isolation`` snapshots every batch field and ``batch_record_buf`` pins the
-    snapshot for two iterations, ``result_queue`` holds a ``batch.copy()``, ``last_batch``
-    and an unscheduled ``running_batch`` keep it while prefills run (and
-    ``merge_batch``/``filter_batch`` read it later on the schedule stream), and workers
-    carry it into the next forward's inputs. Those readers are ordered by torch's caching
-    allocator (``record_stream``) and SGLang's keep-alive buffers, i.e. by reference
-    lifetime, not by a step count: a ring of any fixed depth can be overwritten while a
-    batch still holds a slot, and the exact path writes from a private stream that is
-    deliberately not ordered behind the schedule stream. So the result is allocated like
-    upstream's ``new_seq_lens_buf[fi]`` is; what is bound once is everything else
-    (``out_sum``, the host ring, the staging buffer, the compiled kernel).
+    Why each step allocates its ``(n,)`` result rather than writing into a ring: it
+    becomes ``batch.seq_lens``, which SGLang keeps well past the step (isolation
+    snapshots pinned for two iterations in ``batch_record_buf``, ``result_queue``, an
+    unscheduled ``running_batch`` that ``merge_batch`` reads after more resolves). Those
+    readers are ordered by reference lifetime, not by a step count, so a ring of any fixed
+    depth could be overwritten while still held. What is bound once is everything else.
 
     Why a consumed publish is kept one more step (``landed``): its tensors come from the
-    forward stream and the launch that reads them runs on another stream. Keeping a
-    reference until the next resolve means the caching allocator can only hand their
-    blocks to a forward-stream allocation after the next forward was enqueued, and that
-    forward waits for the schedule stream (``forward_stream.wait_stream``) and so for the
-    launch - the guarantee ``record_stream`` would give, without a call per tensor."""
+    forward stream and the launch that reads them runs on another. Holding them until the
+    next resolve means the caching allocator can only reuse their blocks after the next
+    forward was enqueued, and that forward waits for the schedule stream and so for the
+    launch - what ``record_stream`` would give, without a call per tensor."""
 
     def __init__(self, future_map, caps: SpecCaps, *, debug: bool, ops=None):
         self.future_map_ref = weakref.ref(future_map)
@@ -234,13 +128,13 @@ class FusedRelay:
         self.has_relay_buffers = hasattr(type(future_map), "_relay") or \
             "_relay" in future_map.__dict__
         self.relay_stream = self.done_event = self.relay_stream_ctx = None
-        self._streams_checked = False
+        self._vetted: set = set()  # caller streams known not to be the private stream
         if self.on_cuda:
             self.relay_stream = self.ops.new_stream(set())
             self.done_event = self.ops.event()
             self.relay_stream_ctx = self.ops.stream_ctx(self.relay_stream)
         self._bind_launch()
-        _live_relays.add(self)
+        live_relays.add(self)
 
     # ------------------------------------------------------------------ binding
 
@@ -282,19 +176,25 @@ class FusedRelay:
         self._bind_launch()
         return self._launch(gi, pi, pv, host)
 
-    def _check_streams(self, fm) -> None:
-        """Once, before the private stream first runs anything: it must be none of the
-        streams SGLang uses (the caller's, the publish's, FutureMap's own D2H stream)."""
-        self._streams_checked = True
+    def _check_streams(self, fm, cur) -> None:
+        """Before the private stream first runs work for a caller's stream ``cur``: it
+        must be none of the streams SGLang uses (``cur``, the first publish's, FutureMap's
+        own D2H stream, and every caller stream seen before). Each caller stream is
+        vetted once (a set lookup per step after that); a private stream that aliases one
+        is replaced by a new draw, ordered after the old one."""
         ops = self.ops
-        avoid = {ops.handle(ops.current_stream())}
-        d2h = getattr(fm, "fwd_prepare_d2h_stream", None)
+        caller = ops.handle(cur)
+        self._vetted.add(caller)
+        avoid = set(self._vetted)
+        d2h = getattr(fm, "fwd_prepare_d2h_stream", None) if fm is not None else None
         if d2h is not None:
             avoid.add(ops.handle(d2h))
         if self._publish_stream is not None:
             avoid.add(self._publish_stream)
         if ops.handle(self.relay_stream) in avoid:
+            old = self.relay_stream
             self.relay_stream = ops.new_stream(avoid)
+            self.relay_stream.wait_stream(old)
             self.relay_stream_ctx = ops.stream_ctx(self.relay_stream)
 
     _publish_stream: Optional[int] = None  # raw handle of the stream the first publish ran on
@@ -383,9 +283,9 @@ class FusedRelay:
         """A private stream gated on ``publish_ready`` runs the launch, which writes
         ``bs + 1`` values into the pinned ring; the caller's stream waits for it on the
         device and the host waits for its event only."""
-        if not self._streams_checked:
-            self._check_streams(fm)
         cur = self.ops.current_stream()
+        if self.ops.handle(cur) not in self._vetted:
+            self._check_streams(fm, cur)
         stream = self.relay_stream
         gather = self._host_indices(batch, fi)
         if gather is None or event is None:
@@ -472,14 +372,15 @@ class FusedRelay:
             self.pending = None
             return
         fm = self.future_map_ref()
-        if not self._streams_checked and fm is not None:
-            self._check_streams(fm)
+        cur = self.ops.current_stream()
+        if self.ops.handle(cur) not in self._vetted:
+            self._check_streams(fm, cur)
         stream = self.relay_stream
         event = None if fm is None else fm.publish_ready
         if event is not None:
             stream.wait_event(event)
         else:
-            stream.wait_stream(self.ops.current_stream())
+            stream.wait_stream(cur)
         for t in (indices, values):  # read on the private stream: keep them alive
             self.ops.record_stream(t, stream)
         try:
@@ -570,7 +471,7 @@ def relay_for(fm) -> Optional[FusedRelay]:
                  "cannot relay this FutureMap (%s: %s); SGLang's relay runs",
                  type(exc).__name__, exc)
         return None
-    if debug and not _sglang_tracks_seq_lens() and getattr(fm, "_relay", None) is None:
+    if debug and not sglang_tracks_seq_lens() and getattr(fm, "_relay", None) is None:
         d[BUF_ATTR].fill_(-1)  # poisoned init, as upstream's debug mode
     d[RELAY_ATTR] = relay
     _warn_ignored_force_backend(relay)
@@ -585,59 +486,3 @@ def _warn_ignored_force_backend(relay: FusedRelay) -> None:
     _, why = explain_relay_backend(relay.device)
     if "ignored" in why:
         log_once(("force-backend", why), "%s", why)
-
-
-_prewarmed: set = set()
-
-
-def prewarm_for(fm, buf) -> None:
-    """Compile the fused kernel for a speculative FutureMap's device while it is being
-    built (before serving starts); a failure is logged and the ladder handles it later."""
-    try:
-        algo = getattr(fm, "spec_algo", None)
-        if algo is None or not algo.is_some() or not isinstance(buf, torch.Tensor):
-            return
-        if buf.device.type != "cuda" or unsupported_device(buf.device) is not None \
-                or str(buf.device) in _prewarmed:
-            return
-        _prewarmed.add(str(buf.device))
-        from spec_fused.kernels.backend import prewarm
-
-        prewarm(buf.device)
-    except Exception as exc:
-        log_once(("prewarm", type(exc).__name__),
-                 "could not compile the fused kernel ahead of serving (%s: %s)",
-                 type(exc).__name__, exc)
-
-
-def disable(fm, relay: FusedRelay, reason: str) -> None:
-    """Hand ``fm`` back to SGLang for good: land what is pending with plain torch (what
-    upstream's publish does), then stop relaying."""
-    relay.settle_pending()
-    relay.disabled_reason = reason
-    fm.__dict__[RELAY_ATTR] = None
-    fm.__dict__[DISABLED_ATTR] = relay
-
-
-def flush_all() -> None:
-    for relay in list(_live_relays):
-        if relay.pending is not None:
-            try:
-                relay.flush()
-            except Exception:
-                relay.settle_pending()
-
-
-def read_buffer(fm) -> torch.Tensor:
-    """``fm.new_seq_lens_buf`` for anyone outside the relay: a pending publish lands first
-    (and the reader's stream waits for it)."""
-    relay = fm.__dict__.get(RELAY_ATTR)
-    if relay is not None and relay.pending is not None:
-        try:
-            relay.flush()
-        except Exception as exc:
-            disable(fm, relay, f"flush failed: {exc}")
-    try:
-        return fm.__dict__[BUF_ATTR]
-    except KeyError:
-        raise AttributeError(BUF_ATTR) from None

@@ -10,6 +10,8 @@ it should do. The questions are few and each is answered here by reading the rel
 * does it fence its own ``req_to_token`` writes behind the previous verify (0.5.14's
   ``verify_done``), which is what made skipping the scheduler's WAR barrier safe?
 * is two-batch overlap on (upstream forces exact host lengths under it)?
+* is SGLang's own debug mode on, and does its FutureMap poison consumed seq-lens rows
+  (so spec_fused's debug mode poisons the same rows)?
 
 Nothing here imports a worker (they pull the model stack): source is read as text.
 """
@@ -18,9 +20,11 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 from typing import Optional
 
 __all__ = [
+    "debug_enabled",
     "fences_own_shared_writes",
     "module_source",
     "plans_with_reserved_bound",
@@ -148,3 +152,39 @@ def _global_server_args():
         return get_global_server_args()
     except Exception:
         return None
+
+
+# ----------------------------------------------------------------- debug mode
+
+
+def debug_enabled() -> bool:
+    """``SPEC_FUSED_DEBUG=1``, or SGLang's own CI switch (``SGLANG_IS_IN_CI``) where the
+    installed FutureMap itself tracks seq-lens consumption (0.5.23 does: poisoned init and
+    consume-once; 0.5.15 only tracks output tokens), so both sides poison the same rows."""
+    if os.environ.get("SPEC_FUSED_DEBUG", "") == "1":
+        return True
+    return sglang_tracks_seq_lens()
+
+
+def sglang_tracks_seq_lens() -> bool:
+    """SGLang's own debug mode is on and its FutureMap poisons the seq-lens relay itself."""
+    return sglang_debug_assert() and sglang_poisons_seq_lens()
+
+
+def sglang_debug_assert() -> bool:
+    try:
+        from sglang.srt.managers import overlap_utils
+
+        return bool(getattr(overlap_utils, "_DEBUG_ASSERT", False))
+    except Exception:
+        return False
+
+
+def sglang_poisons_seq_lens() -> bool:
+    try:
+        from sglang.srt.managers import overlap_utils
+
+        return "self.new_seq_lens_buf = torch.full(" in inspect.getsource(
+            overlap_utils.FutureMap.__init__)
+    except Exception:
+        return False

@@ -12,14 +12,14 @@ import importlib.util
 
 import pytest
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-from spec_fused.integration import sglang_patch
-from spec_fused.integration.hooks import PatchSet
 from upstream_fixtures import (
     BACKEND_TBO,
     check_barrier_matrix,
     light_scheduler,
 )
+
+from spec_fused.integration import sglang_patch
+from spec_fused.integration.hooks import PatchSet
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +72,10 @@ def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(schedule
     forces them (TBO splits batches on host lengths)."""
     from types import SimpleNamespace
 
+    from upstream_fixtures import barrier_calls, make_scheduler, server_config
+
     from spec_fused import relay as relay_mod
     from spec_fused.traces import TraceConfig, make_future_map
-    from upstream_fixtures import barrier_calls, make_scheduler, server_config
 
     monkeypatch.delenv("SPEC_FUSED_WAR_BARRIER", raising=False)
     algo = SpeculativeAlgorithm.EAGLE

@@ -7,8 +7,8 @@ launcher, planting one in the kernel's normal launch is a wrong kernel."""
 import logging
 
 import pytest
-
 from fake_triton import FakeCompiled, bound_launcher
+
 from spec_fused import relay as relay_mod
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import publish_gather as kernel

@@ -8,13 +8,20 @@ import itertools
 import types
 
 import pytest
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
 from compat.expectations import expectation_for
-from spec_fused import caps as caps_mod
-from spec_fused.caps import SpecCaps, caps_for, decide, describe, register_caps, select_variant
-from spec_fused.relay import BackendsDecision
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from upstream_fixtures import expected_barrier, expected_host
+
+from spec_fused import caps as caps_mod
+from spec_fused.caps import (
+    SpecCaps,
+    caps_for,
+    decide,
+    describe,
+    register_caps,
+    select_variant,
+)
+from spec_fused.relay import BackendsDecision
 
 NO_ENV: dict = {}
 ALGORITHMS = [m.name for m in SpeculativeAlgorithm]

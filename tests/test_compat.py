@@ -14,8 +14,8 @@ import inspect
 import logging
 
 import pytest
-
 from compat.expectations import RELEASES
+
 from spec_fused import upstream
 from spec_fused.integration import code_check, sglang_patch
 from spec_fused.releases import TESTED_RELEASES, support_status

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_triton import N_ARGS, FakeCompiled, ReadyFast
+from fake_triton import bound_launcher as _bound_launcher
 
 from spec_fused.kernels import direct_launch as launcher_mod
 from spec_fused.kernels import step_launcher
 from spec_fused.kernels.publish_gather import publish_gather_reference
-
-from fake_triton import N_ARGS, FakeCompiled, ReadyFast, bound_launcher as _bound_launcher
 
 
 def test_bound_launch_packs_the_arguments_the_kernel_expects():

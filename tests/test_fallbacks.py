@@ -8,9 +8,9 @@ import logging
 
 import pytest
 import torch
-
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from spec_fused import cuda_ops
 from spec_fused import relay as relay_mod
 from spec_fused.integration import sglang_patch
 from spec_fused.kernels import backend as backend_mod
@@ -244,7 +244,7 @@ def test_cpu_without_the_interpreter_serves_with_the_reference(monkeypatch, upst
 @pytest.mark.parametrize("device, why", [("meta", "meta: spec_fused's ordering was only ever"),
                                          ("xpu", "xpu: spec_fused's ordering was only ever")])
 def test_devices_the_relay_does_not_engage_on_keep_sglangs_path(device, why, caplog):
-    assert why in relay_mod.unsupported_device(device)
+    assert why in cuda_ops.unsupported_device(device)
     cfg = TraceConfig(pool=8, max_len=4)
     sglang_patch.apply()
     try:
@@ -262,8 +262,8 @@ def test_devices_the_relay_does_not_engage_on_keep_sglangs_path(device, why, cap
 def test_rocm_is_left_to_sglang(monkeypatch):
     """On ROCm the device type is ``cuda`` too; upstream's HIP-only branches decide."""
     monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
-    why = relay_mod.unsupported_device("cuda")
+    why = cuda_ops.unsupported_device("cuda")
     assert why and "ROCm" in why and "stream_ordered" in why
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
-    assert relay_mod.unsupported_device("cuda") is None
-    assert relay_mod.unsupported_device("cpu") is None
+    assert cuda_ops.unsupported_device("cuda") is None
+    assert cuda_ops.unsupported_device("cpu") is None

@@ -11,7 +11,8 @@ import random
 from types import SimpleNamespace
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference

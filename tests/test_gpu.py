@@ -303,9 +303,9 @@ def test_the_barrier_read_from_the_patched_scheduler_on_a_gpu_relay(tmp_path, mo
     """The scheduler's decision with the relay on CUDA: the installed release's own
     ``_apply_war_barrier`` (read from its source), the whole matrix."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from upstream_fixtures import BACKEND_TBO, check_barrier_matrix, light_scheduler
 
     from spec_fused.integration.hooks import PatchSet
-    from upstream_fixtures import BACKEND_TBO, check_barrier_matrix, light_scheduler
 
     module = light_scheduler(tmp_path)
     patches = PatchSet()

@@ -9,7 +9,8 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from spec_fused import relay as relay_mod
@@ -17,7 +18,12 @@ from spec_fused.kernels.checks import PoisonedSlotError, StaleHostMirrorError
 from spec_fused.kernels.host_ring import HostRing
 from spec_fused.kernels.publish_gather import publish_gather_reference
 from spec_fused.kernels.step_launcher import PublishGather
-from spec_fused.traces import TraceConfig, decode_batch, patched_future_map, unpatched_then_patched
+from spec_fused.traces import (
+    TraceConfig,
+    decode_batch,
+    patched_future_map,
+    unpatched_then_patched,
+)
 
 
 def _launch(pg, mirror, r, pool):

@@ -9,7 +9,6 @@ import logging
 
 import pytest
 import torch
-
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from spec_fused import relay as relay_mod

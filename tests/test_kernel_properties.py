@@ -4,7 +4,8 @@ Every case asserts the Triton kernel itself ran (interpreted on CPU, compiled on
 a silent fallback to the reference cannot pass for the kernel."""
 
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from spec_fused.kernels.backend import backend_for
 from spec_fused.kernels.checks import PoisonedSlotError

@@ -15,7 +15,14 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from spec_fused import caps as caps_mod
 from spec_fused import upstream
-from spec_fused.caps import SpecCaps, caps_for, decide, describe, establish, register_caps
+from spec_fused.caps import (
+    SpecCaps,
+    caps_for,
+    decide,
+    describe,
+    establish,
+    register_caps,
+)
 from spec_fused.relay import BackendsDecision
 
 NO_ENV: dict = {}

@@ -14,12 +14,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from test_stream_order import FakeOps, FakeStream
 
+from spec_fused import cuda_ops, upstream
 from spec_fused import relay as relay_mod
 from spec_fused.caps import SpecCaps
+from spec_fused.integration import sglang_patch
 from spec_fused.kernels.checks import StaleHostMirrorError
 from spec_fused.traces import TraceConfig, decode_batch, make_future_map
-from test_stream_order import FakeOps, FakeStream
 
 CFG = TraceConfig(pool=16, max_len=32)
 EXACT = SpecCaps(True, "exact", "test")
@@ -71,7 +73,7 @@ def test_sglangs_poisoning_is_not_assumed_when_its_source_cannot_be_read(monkeyp
         raise OSError("could not get source code")
 
     monkeypatch.setattr(inspect, "getsource", unreadable)
-    assert relay_mod._sglang_poisons_seq_lens() is False
+    assert upstream.sglang_poisons_seq_lens() is False
 
 
 # ----------------------------------------------------------------------------- devices
@@ -148,7 +150,7 @@ class _CudaStub:
 def test_cuda_ops_draw_high_priority_streams_none_of_sglangs(monkeypatch):
     stub = _CudaStub([1, 2, 1, 7])
     monkeypatch.setattr(torch.cuda, "Stream", stub.Stream)
-    ops = relay_mod.CudaOps("cuda:1")
+    ops = cuda_ops.CudaOps("cuda:1")
     stream = ops.new_stream({1, 2})
     assert stream.cuda_stream == 7 and ops.handle(stream) == 7
     assert stub.calls == [("Stream", torch.device("cuda:1"), -1)] * 4
@@ -161,14 +163,14 @@ def test_cuda_ops_give_up_once_every_stream_of_the_pool_was_tried(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", stub.Stream)
     with pytest.raises(RuntimeError, match="^spec_fused: unable to allocate a stream "
                                            "distinct from SGLang's$"):
-        relay_mod.CudaOps("cuda:0").new_stream({99})
+        cuda_ops.CudaOps("cuda:0").new_stream({99})
     assert len(stub.calls) > 32
 
 
 def test_cuda_ops_current_stream_is_the_relays_devices(monkeypatch):
     stub = _CudaStub([])
     monkeypatch.setattr(torch.cuda, "current_stream", stub.current_stream)
-    ops = relay_mod.CudaOps("cuda:1")
+    ops = cuda_ops.CudaOps("cuda:1")
     assert ops.current_stream() == "current"
     assert stub.calls == [("current_stream", torch.device("cuda:1"))]
 
@@ -176,8 +178,8 @@ def test_cuda_ops_current_stream_is_the_relays_devices(monkeypatch):
 def test_cuda_ops_record_stream_only_for_device_tensors():
     seen = []
     cuda_tensor = SimpleNamespace(device=torch.device("cuda:0"), record_stream=seen.append)
-    relay_mod.CudaOps.record_stream(cuda_tensor, "the stream")
-    relay_mod.CudaOps.record_stream(torch.zeros(2), "the stream")  # host: nothing to record
+    cuda_ops.CudaOps.record_stream(cuda_tensor, "the stream")
+    cuda_ops.CudaOps.record_stream(torch.zeros(2), "the stream")  # host: nothing to record
     assert seen == ["the stream"]
 
 
@@ -495,7 +497,7 @@ class _FutureMapWithoutRelayBuffers:
 
 def test_debug_mode_poisons_a_future_map_without_relay_buffers(monkeypatch):
     monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
-    monkeypatch.setattr(relay_mod, "_sglang_tracks_seq_lens", lambda: False)
+    monkeypatch.setattr(relay_mod, "sglang_tracks_seq_lens", lambda: False)
     fm = _FutureMapWithoutRelayBuffers()
     assert relay_mod.relay_for(fm) is not None
     assert (fm.__dict__["new_seq_lens_buf"] == -1).all()
@@ -546,7 +548,7 @@ def prewarm_calls(monkeypatch):
 
     calls = []
     monkeypatch.setattr(backend_mod, "prewarm", lambda device: calls.append(str(device)))
-    monkeypatch.setattr(relay_mod, "_prewarmed", set())
+    monkeypatch.setattr(sglang_patch, "_prewarmed", set())
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     return calls
 
@@ -554,13 +556,13 @@ def prewarm_calls(monkeypatch):
 def test_prewarm_compiles_once_per_cuda_device_for_speculative_maps(prewarm_calls):
     buf = torch.zeros(4).as_subclass(_OnCuda)
     eagle = SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE)
-    relay_mod.prewarm_for(SimpleNamespace(spec_algo=SpeculativeAlgorithm.NONE), buf)
-    relay_mod.prewarm_for(SimpleNamespace(), buf)
-    relay_mod.prewarm_for(eagle, "not a tensor")
-    relay_mod.prewarm_for(eagle, torch.zeros(4))  # a CPU buffer: nothing to compile
+    sglang_patch.prewarm_for(SimpleNamespace(spec_algo=SpeculativeAlgorithm.NONE), buf)
+    sglang_patch.prewarm_for(SimpleNamespace(), buf)
+    sglang_patch.prewarm_for(eagle, "not a tensor")
+    sglang_patch.prewarm_for(eagle, torch.zeros(4))  # a CPU buffer: nothing to compile
     assert prewarm_calls == []
-    relay_mod.prewarm_for(eagle, buf)
-    relay_mod.prewarm_for(eagle, buf)
+    sglang_patch.prewarm_for(eagle, buf)
+    sglang_patch.prewarm_for(eagle, buf)
     assert prewarm_calls == ["cuda:0"]
 
 
@@ -573,7 +575,7 @@ def test_a_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, caplog):
     monkeypatch.setattr(backend_mod, "prewarm", fail)
     eagle = SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        relay_mod.prewarm_for(eagle, torch.zeros(4).as_subclass(_OnCuda))
+        sglang_patch.prewarm_for(eagle, torch.zeros(4).as_subclass(_OnCuda))
     assert _messages(caplog) == ["spec_fused: could not compile the fused kernel ahead of "
                                  "serving (RuntimeError: no compiler)"]
 
@@ -585,7 +587,7 @@ def test_a_disabled_relay_is_kept_with_its_reason_and_sglang_serves():
     fm = make_future_map("EAGLE", CFG)
     relay = relay_mod.relay_for(fm)
     relay.pending = (torch.tensor([3]), torch.tensor([30]))
-    relay_mod.disable(fm, relay, "because")
+    sglang_patch.disable(fm, relay, "because")
     assert relay_mod.relay_for(fm) is None and fm.__dict__[relay_mod.RELAY_ATTR] is None
     assert fm.__dict__[relay_mod.DISABLED_ATTR] is relay and relay.disabled_reason == "because"
     assert fm.__dict__["new_seq_lens_buf"][3] == 30
@@ -600,7 +602,7 @@ def test_a_reader_whose_flush_fails_gets_the_buffer_and_the_relay_is_handed_back
         raise RuntimeError("flush broke")
 
     monkeypatch.setattr(relay, "flush", broken)
-    buf = relay_mod.read_buffer(fm)
+    buf = sglang_patch.read_buffer(fm)
     assert buf is fm.__dict__["new_seq_lens_buf"] and buf[3] == 30
     assert relay_mod.relay_for(fm) is None and relay.disabled_reason == "flush failed: flush broke"
 
@@ -608,7 +610,7 @@ def test_a_reader_whose_flush_fails_gets_the_buffer_and_the_relay_is_handed_back
 def test_a_future_map_without_the_buffer_has_no_such_attribute():
     fm = SimpleNamespace()
     with pytest.raises(AttributeError) as info:
-        relay_mod.read_buffer(fm)
+        sglang_patch.read_buffer(fm)
     assert info.value.args == ("new_seq_lens_buf",) and info.value.__cause__ is None
 
 

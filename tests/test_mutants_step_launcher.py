@@ -8,13 +8,12 @@ then remembers, ``launches`` counting device launches, DP-idle steps launching n
 
 import pytest
 import torch
+from fake_triton import FakeCompiled, ReadyFast, bound_launcher
 
 from spec_fused.kernels import checks
 from spec_fused.kernels.checks import InputError, StaleHostMirrorError
 from spec_fused.kernels.publish_gather import publish_gather_reference
 from spec_fused.kernels.step_launcher import PublishGather
-
-from fake_triton import FakeCompiled, ReadyFast, bound_launcher
 
 BACKENDS = ["interpreter", "reference"]
 
@@ -342,10 +341,10 @@ def test_in_the_steady_state_a_new_bad_combination_still_gets_the_full_check(bac
 def test_the_bound_launch_poisons_what_it_gathered_in_debug_mode():
     """Consume-once (debug): a gathered slot reads as consumed until it is published again,
     through the bound direct launch as through the checked one."""
+    from fake_triton import N_ARGS
+
     from spec_fused.kernels import direct_launch
     from spec_fused.kernels.checks import PoisonedSlotError
-
-    from fake_triton import N_ARGS
 
     buf = _buf()
     pg = PublishGather(buf, poison=True, backend="interpreter")

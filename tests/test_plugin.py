@@ -9,7 +9,6 @@ import textwrap
 from importlib.metadata import entry_points
 
 import pytest
-
 from sglang.srt.managers import overlap_utils
 from sglang.srt.plugins.hook_registry import HookRegistry
 

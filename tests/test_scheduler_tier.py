@@ -17,16 +17,16 @@ import pytest
 pytestmark = pytest.mark.scheduler
 from sglang.srt.managers import scheduler as scheduler_mod  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-
-from spec_fused import relay as relay_mod  # noqa: E402
-from spec_fused.integration import sglang_patch  # noqa: E402
-from spec_fused.traces import TraceConfig, make_future_map, run_trace  # noqa: E402
 from upstream_fixtures import (  # noqa: E402
     BACKEND_TBO,
     barrier_calls,
     check_barrier_matrix,
     make_scheduler,
 )
+
+from spec_fused import relay as relay_mod  # noqa: E402
+from spec_fused.integration import sglang_patch  # noqa: E402
+from spec_fused.traces import TraceConfig, make_future_map, run_trace  # noqa: E402
 
 Scheduler = scheduler_mod.Scheduler
 CFG = TraceConfig(pool=16, max_len=8)

@@ -226,21 +226,45 @@ def test_a_publish_pending_when_capture_begins_lands_outside_it(fake):
     assert fm.__dict__["new_seq_lens_buf"][[1, 2, 4]].tolist() == [10, 20, 40]
 
 
-def test_the_private_stream_is_redrawn_when_it_is_one_of_sglangs(monkeypatch):
-    """CUDA hands streams out round-robin: the first one drawn aliases the schedule
-    stream here, so it is replaced by one that is none of SGLang's."""
-    ops = FakeOps(relay_handles=(1, 2, 5))  # 1 is the schedule stream's handle
+@contextlib.contextmanager
+def _published_on_the_forward(monkeypatch, relay_handles, publishes):
+    """A patched FutureMap whose relay draws its private stream from ``relay_handles``
+    (1 is the schedule stream's handle, 2 the forward's), after ``publishes`` made on the
+    forward stream."""
+    ops = FakeOps(relay_handles=relay_handles)
     monkeypatch.setattr(relay_mod, "ops_for", lambda device: ops)
     sglang_patch.apply()
     try:
         fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
         with ops.on(ops.forward):
-            fm.publish(torch.tensor([1]), torch.tensor([10]))
-        relay = relay_mod.relay_for(fm)
+            for slots, lens in publishes:
+                fm.publish(torch.tensor(slots), torch.tensor(lens))
+        yield ops, fm, relay_mod.relay_for(fm)
+    finally:
+        sglang_patch.remove()
+
+
+def test_the_private_stream_is_redrawn_when_it_is_one_of_sglangs(monkeypatch):
+    """CUDA hands streams out round-robin: the first one drawn aliases the schedule
+    stream here, so it is replaced by one that is none of SGLang's."""
+    with _published_on_the_forward(monkeypatch, (1, 2, 5), [([1], [10])]) as (ops, fm, relay):
         assert relay.relay_stream.cuda_stream == 1  # the draw aliased the schedule stream
         batch = decode_batch([1], CFG)
         fm.resolve_seq_lens_cpu(batch)
         assert relay.relay_stream.cuda_stream == 5  # neither schedule (1) nor forward (2)
         assert batch.seq_lens_cpu.tolist() == [10]
-    finally:
-        sglang_patch.remove()
+
+
+def test_every_caller_stream_is_vetted_before_the_private_stream_runs_its_work(monkeypatch):
+    """The first use of the private stream may be a flush from the forward stream (two
+    publishes without a resolve); the schedule stream is vetted too, at its own first
+    use, and a private stream that aliases it is redrawn, ordered after the old one."""
+    with _published_on_the_forward(monkeypatch, (1, 5), [([1], [10]), ([2], [20])]) \
+            as (ops, fm, relay):
+        assert relay.relay_stream.cuda_stream == 1  # fine for the forward stream (2)
+        ops.log.clear()
+        batch = decode_batch([1, 2], CFG)
+        fm.resolve_seq_lens_cpu(batch)  # the schedule stream's first use
+        assert relay.relay_stream.cuda_stream == 5
+        assert ops.log[0] == ("relay5", "wait_stream", "relay1")  # after the old one's work
+        assert batch.seq_lens_cpu.tolist() == [10, 20]

@@ -8,11 +8,12 @@ lengths, host lengths and sums, mixed-tail fields - for every algorithm the rele
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from compat.expectations import expectation_for
+from hypothesis import given
+from hypothesis import strategies as st
 from sglang.srt.managers import overlap_utils
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from compat.expectations import expectation_for
 from spec_fused import relay as relay_mod
 from spec_fused.integration import sglang_patch
 from spec_fused.traces import TraceConfig, decode_batch, make_future_map, run_trace

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from compat.expectations import expectation_for
+
 from spec_fused import relay as relay_mod
 from spec_fused.integration import sglang_patch
 from spec_fused.traces import TraceConfig, decode_batch, make_future_map

@@ -30,7 +30,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
+
 from spec_fused import relay as _relay
+from spec_fused.cuda_ops import unsupported_device
 from spec_fused.integration import code_check
 from spec_fused.integration.hooks import PatchSet
 from spec_fused.releases import TESTED_RELEASES, support_status
@@ -186,7 +189,7 @@ def _on_failure(fm, relay, exc, what):
     _relay.log_once(("fallback", what, type(exc).__name__),
                     "fused %s failed (%s: %s); SGLang's own relay takes over this FutureMap",
                     what, type(exc).__name__, exc)
-    _relay.disable(fm, relay, f"{what}: {exc}")
+    disable(fm, relay, f"{what}: {exc}")
 
 
 # The replacements below are installed on FutureMap as plain functions: SGLang calls them
@@ -246,22 +249,78 @@ def _make_resolve(original):
 
 def _make_mixed_tails(original):
     def resolve_mixed_spec_tails(self, batch, *args, **kwargs):
-        _relay.read_buffer(self)  # land the pending publish; upstream then reads the buffer
+        read_buffer(self)  # land the pending publish; upstream then reads the buffer
         return original(self, batch, *args, **kwargs)
 
     return resolve_mixed_spec_tails
 
 
+def disable(fm, relay: _relay.FusedRelay, reason: str) -> None:
+    """Hand ``fm`` back to SGLang for good: land what is pending with plain torch (what
+    upstream's publish does), then stop relaying."""
+    relay.settle_pending()
+    relay.disabled_reason = reason
+    fm.__dict__[_relay.RELAY_ATTR] = None
+    fm.__dict__[_relay.DISABLED_ATTR] = relay
+
+
+def flush_all() -> None:
+    for relay in list(_relay.live_relays):
+        if relay.pending is not None:
+            try:
+                relay.flush()
+            except Exception:
+                relay.settle_pending()
+
+
+def read_buffer(fm) -> torch.Tensor:
+    """``fm.new_seq_lens_buf`` for anyone outside the relay: a pending publish lands first
+    (and the reader's stream waits for it)."""
+    relay = fm.__dict__.get(_relay.RELAY_ATTR)
+    if relay is not None and relay.pending is not None:
+        try:
+            relay.flush()
+        except Exception as exc:
+            disable(fm, relay, f"flush failed: {exc}")
+    try:
+        return fm.__dict__[_relay.BUF_ATTR]
+    except KeyError:
+        raise AttributeError(_relay.BUF_ATTR) from None
+
+
+_prewarmed: set = set()
+
+
+def prewarm_for(fm, buf) -> None:
+    """Compile the fused kernel for a speculative FutureMap's device while it is being
+    built (before serving starts); a failure is logged and the ladder handles it later."""
+    try:
+        algo = getattr(fm, "spec_algo", None)
+        if algo is None or not algo.is_some() or not isinstance(buf, torch.Tensor):
+            return
+        if buf.device.type != "cuda" or unsupported_device(buf.device) is not None \
+                or str(buf.device) in _prewarmed:
+            return
+        _prewarmed.add(str(buf.device))
+        from spec_fused.kernels.backend import prewarm
+
+        prewarm(buf.device)
+    except Exception as exc:
+        _relay.log_once(("prewarm", type(exc).__name__),
+                        "could not compile the fused kernel ahead of serving (%s: %s)",
+                        type(exc).__name__, exc)
+
+
 def _buffer_property():
     def getter(self):
-        return _relay.read_buffer(self)
+        return read_buffer(self)
 
     def setter(self, value):
         self.__dict__[_relay.BUF_ATTR] = value
         relay = self.__dict__.get(_relay.RELAY_ATTR)
         if relay is not None:
             relay.rebind(value)
-        _relay.prewarm_for(self, value)  # FutureMap.__init__: compile before serving
+        prewarm_for(self, value)  # FutureMap.__init__: compile and prove before serving
 
     return property(getter, setter, doc="FutureMap.new_seq_lens_buf; a pending fused publish "
                                         "lands before anyone outside the relay reads it")
@@ -279,7 +338,7 @@ def _scheduler_caps(sched):
     if future_map is None:
         raise AttributeError("the scheduler has no future_map")
     buf = future_map.__dict__.get(_relay.BUF_ATTR)
-    unsupported = None if buf is None else _relay.unsupported_device(buf.device)
+    unsupported = None if buf is None else unsupported_device(buf.device)
     if unsupported is not None:
         _relay.log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
                         unsupported)
@@ -402,7 +461,7 @@ def remove() -> None:
     global _patches, _report
     if _patches is None:
         return
-    _relay.flush_all()
+    flush_all()
     _patches.undo()
     _patches = _report = None
 

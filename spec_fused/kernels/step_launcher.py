@@ -14,9 +14,9 @@ from typing import Optional
 
 import torch
 
+from spec_fused.kernels import checks
 from spec_fused.kernels import publish_gather as kernel
 from spec_fused.kernels.backend import BACKENDS, backend_for
-from spec_fused.kernels import checks
 from spec_fused.kernels.checks import NO_ERROR, InputError, raise_if_flagged
 from spec_fused.kernels.host_ring import HostRing, write_host_row
 
@@ -212,6 +212,8 @@ class PublishGather:
         the same O(1) guard as the kernel's."""
         if self._variant(gi, pi, pv, host) is _UNSEEN or (host and gi.numel() > self.max_batch):
             return self.launch_checked(gi, pi, pv, host)
+        if not gi.numel() and (pi is None or not pi.numel()):  # DP-idle: nothing to launch
+            return self._idle(host)
         buf = self.buf
         if pi is not None and pi.numel():
             if pv.dtype == torch.int64 and pi.dtype == torch.int64:
