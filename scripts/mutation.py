@@ -75,6 +75,10 @@ MODULES = {
                "tests/test_hot_path.py", "tests/test_fallbacks.py", "tests/test_host_mirror.py",
                "tests/test_trace_equivalence.py", "tests/test_code_check.py",
                "tests/test_mutants_relay.py"]),
+    # CudaOps and the device rule lived in relay.py during the recorded run (bffb675)
+    "cuda_ops": ("spec_fused/cuda_ops.py",
+                 ["tests/test_stream_order.py", "tests/test_fallbacks.py",
+                  "tests/test_mutants_relay.py"]),
     "host_ring": ("spec_fused/kernels/host_ring.py",
                   _KERNEL_TESTS + ["tests/test_mutants_host_ring.py"]),
     "step_launcher": ("spec_fused/kernels/step_launcher.py",
