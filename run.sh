@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The two commands of the README:
-#   ./run.sh bench [args]   set up, then run the benchmarks (quick sweep on a CPU machine)
+#   ./run.sh bench [args]   set up, then `spec-fused selftest` and the benchmarks (quick sweep
+#                           on a CPU machine); results in bench/results/<device>/
 #   ./run.sh test [--fast]  set up, then run the tests: the light tier (kernels under the
 #                           Triton interpreter, the real SGLang 0.5.23 FutureMap) and, unless
 #                           --fast, the compat tier: every supported SGLang release
@@ -14,10 +15,16 @@ case "$cmd" in
   bench)
     bash scripts/setup.sh
     if has_cuda; then
-      exec .venv/bin/python -m bench.run_all "$@"
+      out=bench/results/$(.venv/bin/python -c "from bench import harness; import torch; print(harness.device_slug(torch.device('cuda')))")
+      .venv/bin/python -m spec_fused selftest --json /tmp/spec_fused_selftest.json
+      .venv/bin/python -m bench.run_all "$@"
+      mkdir -p "$out" && cp /tmp/spec_fused_selftest.json "$out/selftest.json"
+      exit 0
     fi
     export TRITON_INTERPRET=1
     [ "$#" -gt 0 ] || set -- --quick
+    # correct here, and how fast here (CPU: the interpreter's times, said to be so)
+    .venv/bin/python -m spec_fused selftest --quick --json bench/results/cpu/selftest.json
     exec .venv/bin/python -m bench.run_all "$@"
     ;;
   test)
