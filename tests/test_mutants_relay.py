@@ -175,6 +175,22 @@ def test_cuda_ops_current_stream_is_the_relays_devices(monkeypatch):
     assert stub.calls == [("current_stream", torch.device("cuda:1"))]
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", torch.device("cuda:0")])
+def test_a_cuda_device_gets_cuda_ops_bound_to_torch_cuda(device):
+    """What the relay will call on CUDA - built without touching a device, so readable
+    on a CPU: the capture query, the stream context and the event type of ``torch.cuda``,
+    for this device."""
+    ops = cuda_ops.ops_for(device)
+    assert isinstance(ops, cuda_ops.CudaOps) and ops.device == torch.device(device)
+    assert ops.capturing is torch.cuda.is_current_stream_capturing
+    assert ops.stream_ctx is torch.cuda.stream and ops.event is torch.cuda.Event
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "meta"])
+def test_a_host_device_gets_no_cuda_ops(device):
+    assert cuda_ops.ops_for(device) is None
+
+
 def test_cuda_ops_record_stream_only_for_device_tensors():
     seen = []
     cuda_tensor = SimpleNamespace(device=torch.device("cuda:0"), record_stream=seen.append)
