@@ -14,7 +14,8 @@ device work, found by intercepting calls (the only way to see them here):
   reads or writes a device-role tensor (``TorchDispatchMode``), every ``.cpu()`` call;
 * ``host_syncs``: every ``.cpu()`` (SGLang's non-CUDA path calls ``batch.seq_lens.cpu()``)
   and ``.item()/.tolist()/int()/float()/bool()`` of a device-role tensor;
-* ``d2h_bytes``: the bytes those calls ask for, and the fused host row.
+* ``d2h_bytes``: the bytes those calls ask for, plus the fused host row the CUDA path
+  would store (the caller passes it, as on CUDA: :func:`count_step`).
 
 Ops the Triton interpreter runs to marshal a launch are not counted (the launch is), nor
 ops inside spec_fused's input checks, which run their value checks only on CPU: those are
@@ -392,10 +393,14 @@ def count_step(step: Callable[[], None], device: torch.device, *, roles=(), reps
     """Per-call ``launches``, ``d2h_bytes``, ``host_syncs`` (``validation_ops`` on CPU) and
     the op names seen, of ``step``, averaged over ``reps`` calls after ``warmup``.
 
-    CUDA: one profiled pass (:func:`profiled_counts`), plus ``zero_copy_bytes`` per call
-    for what a kernel stores straight into pinned host memory (the profiler cannot see
-    those). CPU: two intercepting passes - the sync/byte counters wrap Python methods,
-    the launch counter intercepts dispatch - kept apart so neither sees the other's work."""
+    ``zero_copy_bytes`` per call is added on both devices: what the CUDA path stores straight
+    into pinned host memory. The profiler cannot see those stores; on CPU the relay keeps
+    the lengths where they are (the device is the host) while upstream's ``.cpu()`` is still
+    counted, so the CUDA figure keeps the two comparable.
+
+    CUDA: one profiled pass (:func:`profiled_counts`). CPU: two intercepting passes - the
+    sync/byte counters wrap Python methods, the launch counter intercepts dispatch - kept
+    apart so neither sees the other's work."""
     device = torch.device(device)
     for _ in range(warmup):
         step()
@@ -422,7 +427,7 @@ def count_step(step: Callable[[], None], device: torch.device, *, roles=(), reps
     return {
         "launch_source": "CPU: triton launches + device-role aten ops + .cpu() (intercepted)",
         "launches": _per_call(launches.count, reps),
-        "d2h_bytes": _per_call(d2h.bytes, reps),
+        "d2h_bytes": _per_call(d2h.bytes, reps) + zero_copy_bytes,
         "host_syncs": _per_call(syncs.count, reps),
         "validation_ops": _per_call(launches.validation_ops, reps),
         "launch_names": {k: v / reps for k, v in sorted(launches.names.items())},
