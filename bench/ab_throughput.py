@@ -20,9 +20,10 @@ of ``Scheduler.event_loop_overlap`` + ``run_batch`` that touches the relay, on t
            process the previous batch's result: wait for its forward, host bookkeeping
            (the other half of the calibrated cost)
 
-Arms, interleaved ABCABC... in one process, several rounds: A = SGLang's ``FutureMap``
-unpatched; B = ``sglang_patch.apply()``; C = ideal, no relay at all (lengths carried on
-the host, no publish, no resolve, same WAR-barrier rule as B). Continuous batching at a
+Arms, interleaved in one process, several rounds, the order rotating per round (ABC,
+BCA, CAB, ...): A = SGLang's ``FutureMap`` unpatched; B = ``sglang_patch.apply()``;
+C = ideal, no relay at all (lengths carried on the host, no publish, no resolve, same
+WAR-barrier rule as B). Continuous batching at a
 fixed concurrency: requests with random output lengths finish and are replaced, slots are
 reused (FIFO, so never inside one publish), a joining request's prefill length is
 published with the step before it joins. Accept lengths are drawn per request and step
@@ -262,7 +263,9 @@ def run_all_arms(args, device, timeline) -> tuple:
             for conc in args.concurrency:
                 for rnd in range(args.rounds):
                     seed = args.seed * 1_000 + rnd * 101 + conc
-                    for name in ARMS:
+                    # the arms' order rotates each round (ABC, BCA, CAB): no arm always
+                    # runs first after a concurrency change, or right after another
+                    for name in ARMS[rnd % len(ARMS):] + ARMS[:rnd % len(ARMS)]:
                         bar.set_postfix_str(f"{algorithm} c={conc} round={rnd} arm={name}",
                                             refresh=False)
                         arm = make_arm(name, algorithm, device, args)  # sets the patch state
@@ -316,6 +319,8 @@ def summarize(rows: list) -> list:
                     c["tokens_per_s_max"] - c["tokens_per_s_min"]) / 2
         within_noise = gap <= noise
         share = None if within_noise else (b["tokens_per_s"] - a["tokens_per_s"]) / gap
+        ab_noise = max(a["tokens_per_s_max"] - a["tokens_per_s_min"],
+                       b["tokens_per_s_max"] - b["tokens_per_s_min"]) / 2
         out.append({
             "algorithm": algorithm, "concurrency": conc,
             "A_tok_s": a["tokens_per_s"], "B_tok_s": b["tokens_per_s"],
@@ -324,6 +329,7 @@ def summarize(rows: list) -> list:
             "C_over_A": c["tokens_per_s"] / a["tokens_per_s"],
             "gap_share_recovered": share,
             "gap_within_noise": within_noise,
+            "B_vs_A_within_noise": abs(b["tokens_per_s"] - a["tokens_per_s"]) <= ab_noise,
             "A_step_ms_p50": a["step_ms_p50"], "B_step_ms_p50": b["step_ms_p50"],
             "C_step_ms_p50": c["step_ms_p50"], "B_variant": b["variant"],
             "A_barrier": a["war_barrier"], "B_barrier": b["war_barrier"],
@@ -333,7 +339,8 @@ def summarize(rows: list) -> list:
 
 
 SUMMARY_COLUMNS = ("algorithm", "concurrency", "A_tok_s", "B_tok_s", "C_tok_s", "B_over_A",
-                   "C_over_A", "gap_share_recovered", "gap_within_noise", "A_step_ms_p50",
+                   "C_over_A", "gap_share_recovered", "gap_within_noise", "B_vs_A_within_noise",
+                   "A_step_ms_p50",
                    "B_step_ms_p50", "C_step_ms_p50", "B_variant", "A_barrier", "B_barrier",
                    "C_barrier")
 
@@ -353,7 +360,8 @@ def write_markdown(path, summary: list, payload: dict, device: torch.device) -> 
         "`X_barrier`: whether arm X ran the scheduler's WAR barrier (A: SGLang's platform "
         "gate; B and C: spec_fused's production decision for this configuration). "
         "`gap_share_recovered` = (B - A) / (C - A); `gap_within_noise` = the A->C gap is not "
-        "larger than half the rounds' spread, and the share is left out (`-`).",
+        "larger than half the rounds' spread, and the share is left out (`-`); "
+        "`B_vs_A_within_noise`: B and A differ by no more than half their rounds' spread.",
         "",
     ]
     if device.type != "cuda":
@@ -419,7 +427,7 @@ def parse_args(argv=None):
     harness.add_common_args(parser)
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
     parser.add_argument("--concurrency", type=int, nargs="+")
-    parser.add_argument("--rounds", type=int, help="ABC rounds per point (median reported)")
+    parser.add_argument("--rounds", type=int, help="rounds per point, each running every arm once (median reported; default 6, two full rotations of the arm order)")
     parser.add_argument("--steps", type=int, help="decode steps per run")
     parser.add_argument("--warmup-steps", type=int, help="untimed steps at the start of a run")
     parser.add_argument("--pool", type=int, default=4096, help="req_to_token pool size")
@@ -439,7 +447,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     quick = args.quick
     args.concurrency = args.concurrency or list(QUICK_CONCURRENCY if quick else FULL_CONCURRENCY)
-    args.rounds = args.rounds or 3
+    args.rounds = args.rounds or 6
     args.steps = args.steps or (40 if quick else 100)
     args.warmup_steps = args.warmup_steps if args.warmup_steps is not None else \
         (5 if quick else 10)
