@@ -1,5 +1,6 @@
 """The model behind the A/B replay: a decode step's device and host costs, the two timelines
-a forward can run on, and continuous batching at a fixed concurrency.
+a forward can run on, continuous batching at a fixed concurrency, and the overlap loop that
+runs one arm step by step as SGLang's ``event_loop_overlap``.
 
 Why apart from ``ab_throughput.py``: these are the replay's assumptions - what a forward
 costs, when the host is busy, how requests come and go - stated in one place where they
@@ -8,15 +9,17 @@ can be read and changed without touching how the arms are run and reported.
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
 from bench import harness
+from spec_fused import measure
 
 
 @dataclass(frozen=True)
@@ -239,3 +242,103 @@ class Requests:
 
 
 # --------------------------------------------------------------------------- arms
+
+
+@dataclass
+class RunResult:
+    tokens: int
+    wall_s: float
+    step_ms: list = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+class OverlapLoop:
+    """One continuous-batching run of one arm (``ab_throughput.Arm``: its FutureMap, its
+    barrier, whether it gives host lengths), step by step as ``event_loop_overlap``."""
+
+    def __init__(self, arm, wl: Workload, timeline, concurrency: int, pool: int,
+                 seed: int, steps: int):
+        self.arm, self.fm, self.wl, self.timeline = arm, arm.fm, wl, timeline
+        self.reqs = Requests(concurrency, pool, wl, seed)
+        draws = random.Random(seed)  # the same accept lengths for every arm
+        self.accepts = [[wl.draw_accept(draws) for _ in range(concurrency)]
+                        for _ in range(steps)]
+        self.keep_alive = deque(maxlen=4)  # cross-stream lifetimes (SGLang: batch_record_buf)
+        self.batch = self.expected = None
+        self.last: Optional[Forward] = None
+
+    def _publish(self, idx, vals) -> Optional[Callable]:
+        return (lambda: self.fm.publish(idx, vals)) if self.fm is not None else None
+
+    def bootstrap(self) -> None:
+        """The prefills of the first requests publish their lengths."""
+        slots, lens = self.reqs.initial()
+        idx, vals = self.timeline.stage(slots), self.timeline.stage(lens)
+        self.keep_alive.append((idx, vals))
+        self.last = self.timeline.forward(0.0, 0.0, self._publish(idx, vals))
+        self.timeline.drain()
+
+    def step(self, k: int, top: float) -> int:
+        """One loop iteration started at ``top``; returns the tokens it accepts."""
+        n = len(self.reqs.length)
+        half = self.wl.host_s(n) / 2
+        # get_next_batch_to_run: bookkeeping; batch inputs staged on the schedule stream
+        slots, lens, pub_slots, pub_vals, tokens = self.reqs.step(self.accepts[k])
+        idx = self.timeline.stage(slots)
+        pub_idx, pub_val = self.timeline.stage(pub_slots), self.timeline.stage(pub_vals)
+        harness.spin_until(top + half)
+        fwd = self.run_batch(idx, slots, lens, self._publish(pub_idx, pub_val))
+        self.keep_alive.append((idx, pub_idx, pub_val, self.batch))
+        if self.arm.war_barrier:  # Scheduler._apply_war_barrier
+            self.timeline.war_barrier()
+        # process the previous batch's result: it waits for that forward
+        self.timeline.wait_done(self.last)
+        harness.spin_until(time.perf_counter() + half)
+        self.last = fwd
+        return tokens
+
+    def run_batch(self, idx, slots, lens, publish) -> Forward:
+        n = len(slots)
+        if self.fm is not None:
+            self.batch = measure.decode_batch(idx, torch.tensor(slots, dtype=torch.int64))
+            self.expected = lens
+            self.timeline.before_resolve(self.last)
+            self.fm.resolve_seq_lens_cpu(self.batch)
+        harness.spin_until(time.perf_counter() + self.wl.launch_s(n))  # forward prepare
+        fwd_s = self.wl.forward_s(n)
+        return self.timeline.forward(fwd_s * self.wl.publish_frac,
+                                     fwd_s * (1 - self.wl.publish_frac), publish)
+
+    def run(self, steps: int, warmup: int) -> RunResult:
+        """``steps`` iterations, the first ``warmup`` untimed; GC off while timing."""
+        step_ms, tokens, t_start, last_top = [], 0, None, None
+        with self.timeline.scope():
+            self.bootstrap()
+            gc.collect()
+            gc.disable()
+            try:
+                for k in range(steps):
+                    top = time.perf_counter()
+                    if k == warmup:
+                        t_start = top
+                    elif k > warmup:
+                        step_ms.append((top - last_top) * 1e3)
+                    last_top = top
+                    got = self.step(k, top)
+                    tokens += got if k >= warmup else 0
+                self.timeline.drain()
+                wall = time.perf_counter() - t_start
+            finally:
+                gc.enable()
+        self.check()
+        return RunResult(tokens, wall, step_ms)
+
+    def check(self) -> None:
+        """The last resolve gave the lengths the host knows (outside the timed region)."""
+        if self.fm is not None:
+            measure.check_resolved(self.batch, torch.tensor(self.expected, dtype=torch.int64),
+                                  host_lengths=self.arm.host_lengths,
+                                  what=f"arm {self.arm.name}")
