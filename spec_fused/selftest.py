@@ -207,6 +207,15 @@ def _run(quick: bool, device: Optional[str]) -> dict:
     return report
 
 
+# On CPU the figure is the backend's, not the kernel's speed: say which, and that the
+# interpreter's (TRITON_INTERPRET=1, milliseconds a launch) is a correctness run only.
+_CPU_TIMES = {
+    "interpreter": " - CPU times of the Triton interpreter (a correctness run, not speed; "
+                   "without TRITON_INTERPRET a CPU server runs the torch reference), NOT GPU "
+                   "times",
+}
+
+
 def _verdict(report: dict) -> str:
     if not report["ok"]:
         failed = [c for c in report["correctness"] if not c["ok"]]
@@ -223,7 +232,8 @@ def _verdict(report: dict) -> str:
     if dev:
         text += f", device time {statistics.median(dev):.2f}x"
     if not report["gpu_times"]:
-        text += " - CPU times (Triton interpreter), NOT GPU times"
+        text += _CPU_TIMES.get(report["canary"]["backend"],
+                               " - CPU times of the torch reference, NOT GPU times")
     if report["canary"]["notes"]:
         text += f"; the canary stepped down: {'; '.join(report['canary']['notes'])}"
     return text

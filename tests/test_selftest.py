@@ -36,6 +36,10 @@ def test_the_command_passes_here_and_says_its_times_are_not_gpu_times(tmp_path):
     assert {r["batch"] for r in report["speed"]} == set(selftest.BATCHES)
     if not report["gpu_times"]:
         assert "NOT GPU times" in report["verdict"] and "NOT GPU times" in proc.stdout
+        # the verdict names what it timed: the interpreter's times are not speed
+        timed = "Triton interpreter" if report["canary"]["backend"] == "interpreter" \
+            else "torch reference"
+        assert f"CPU times of the {timed}" in report["verdict"]
     assert report["verdict"].startswith("correct here")
 
 
