@@ -80,7 +80,8 @@ def _json(**kw):
 
 
 def _sglang_members():
-    spec_info = pytest.importorskip("sglang.srt.speculative.spec_info")
+    from sglang.srt.speculative import spec_info  # CI always has it: a failure, not a skip
+
     return {m.name for m in spec_info.SpeculativeAlgorithm}
 
 
