@@ -128,6 +128,18 @@ def test_a_refused_override_is_logged_once_as_refused(monkeypatch, caplog):
         "backend reads host lengths (needs_cpu_seq_lens)"]
 
 
+def test_each_distinct_refusal_is_logged_once(monkeypatch, caplog):
+    """Once per refusal, not once per process: a second, different unsafe override (here
+    under another algorithm) still gets its own line."""
+    monkeypatch.setenv("SPEC_FUSED_HOST_SEQ_LENS", "none")
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        for algo in ("EAGLE", "EAGLE", "NGRAM"):
+            relay_mod.future_map_caps(make_future_map(algo, CFG, needs_cpu_seq_lens=True))
+    refused = [m for m in _messages(caplog) if "override refused" in m]
+    assert len(refused) == 2
+    assert "for EAGLE" in refused[0] and "for NGRAM" in refused[1]
+
+
 # ----------------------------------------------------------------------------- CudaOps
 
 
@@ -423,6 +435,17 @@ def test_fencing_keeps_the_pending_publishs_tensors_alive_on_the_callers_stream(
                        ("schedule", "record_stream"), ("schedule", "record_stream")]
 
 
+def test_a_settled_int32_publish_lands_in_the_int64_buffer(caplog):
+    """SGLang's publish takes int32 lengths too; landing them with plain torch must cast
+    (``index_put`` refuses mixed dtypes), or the lengths would be dropped as unlandable."""
+    relay, fm, ops = _relay(ops=None)
+    relay.pending = (torch.tensor([2, 5]), torch.tensor([21, 51], dtype=torch.int32))
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        relay.settle_pending()
+    assert relay.pending is None and not _messages(caplog)
+    assert fm.new_seq_lens_buf[[2, 5]].tolist() == [21, 51]
+
+
 def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog):
     relay, fm, ops = _relay(ops=None)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
@@ -439,6 +462,16 @@ def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog):
 
 
 # ----------------------------------------------------------------------------- relay_for
+
+
+def test_the_schedulers_caps_are_the_ones_the_relay_runs_with():
+    """The scheduler patch files its decision (it knows the worker) on the FutureMap
+    before the first publish; the relay takes that, not a worker-less decision of its own."""
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)  # alone: war_guarded, exact
+    fm.__dict__[relay_mod.CAPS_ATTR] = SpecCaps(False, "none", "the scheduler's")
+    relay = relay_mod.relay_for(fm)
+    assert (relay.caps.needs_war_barrier, relay.host_seq_lens) == (False, "none")
+    assert relay.variant == "barrier_free"
 
 
 def test_a_confidence_relay_is_left_to_sglang_with_one_info_line(caplog):
