@@ -14,7 +14,9 @@ mirror of ``seq_lens``. This module is the missing piece. Two claims decide the 
 Each claim keeps the layer that set it, because each is held to account on its own.
 Layers, lowest first: the table below < the spec worker's own attributes
 (``needs_war_barrier``, ``host_seq_lens``: the hook the PR intended) < the attention
-backends (``needs_cpu_seq_lens``, host lengths only) < what upstream forces (NGRAM and
+backends (``needs_cpu_seq_lens``, host lengths only) - except that a worker speaks for
+itself, not for the backends: its ``"exact"`` stands where they opt out, and its
+``"reserved"``/``"none"`` is refused where one reads host lengths - < what upstream forces (NGRAM and
 two-batch overlap: exact host lengths, which nothing below may lift) < the environment
 (``SPEC_FUSED_WAR_BARRIER``, ``SPEC_FUSED_HOST_SEQ_LENS``; a host-length override that
 is not safe for the configuration is refused and recorded in ``refused``). Then
@@ -228,14 +230,17 @@ def _backends_need_host_lengths(attn_backends: Optional[Iterable]) -> Optional[b
 
 def _unsafe_host_override(value: str, caps: SpecCaps, backends_need: Optional[bool]
                           ) -> Optional[str]:
-    """Why ``SPEC_FUSED_HOST_SEQ_LENS=value`` is not safe here, or None when it is.
+    """Why host lengths ``value`` (a worker's declaration, ``SPEC_FUSED_HOST_SEQ_LENS``)
+    are not safe here, or None when they are.
     Exact host lengths are always safe; anything less only where upstream itself would
-    hand the step no host lengths (every attention backend opts out) and nothing forces
-    them."""
+    hand the step no host lengths (every attention backend opts out), nothing forces
+    them, and the worker has not said it needs them."""
     if value == "exact":
         return None
     if caps.host_source == "forced":
         return f"{caps.why_host()}"
+    if caps.host_source == "worker" and caps.host_seq_lens == "exact":
+        return f"the worker needs exact host lengths ({caps.why_host()})"
     if backends_need is None:
         return "the attention backends' need for host lengths is not known here"
     if backends_need:
@@ -251,6 +256,7 @@ def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None
     counts as on: exact host lengths, as upstream forces them under TBO."""
     name = algorithm_name(algorithm)
     caps = _table_caps(name)
+    backends_need = _backends_need_host_lengths(attn_backends)
     if worker is not None:
         barrier = getattr(worker, "needs_war_barrier", None)
         host = getattr(worker, "host_seq_lens", None)
@@ -259,8 +265,15 @@ def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None
             caps = caps.with_barrier(barrier, "worker", f"{who}.needs_war_barrier={barrier}")
         if isinstance(host, str) and caps.host_source != "forced":
             caps = caps.with_host(host, "worker", f"{who}.host_seq_lens={host!r}")
-    backends_need = _backends_need_host_lengths(attn_backends)
-    if backends_need is False and caps.host_source != "forced":
+    if caps.host_source == "worker":
+        # A worker (or a registered plugin algorithm) speaks for itself, not for the
+        # attention backends: it cannot take away host lengths a backend reads - the
+        # same rule as for SPEC_FUSED_HOST_SEQ_LENS.
+        unsafe = _unsafe_host_override(caps.host_seq_lens, caps, backends_need)
+        if unsafe is not None:
+            caps = replace(caps.with_host("exact", "backends", unsafe), refused=caps.refused + (
+                f"{caps.why_host()} for {name}: {unsafe}",))
+    if backends_need is False and caps.host_source not in ("forced", "worker"):
         caps = caps.with_host("none", "backends",
                               "every attention backend sets needs_cpu_seq_lens=False")
     if two_batch_overlap is not False:

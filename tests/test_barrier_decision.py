@@ -67,9 +67,9 @@ def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
 @pytest.mark.parametrize("tbo", [False, True])
 def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(scheduler_cls, tbo,
                                                                       monkeypatch):
-    """A worker that declares it needs no host lengths gets none - unless two-batch
-    overlap is on, read the way the installed release reads it: then exact, as upstream
-    forces them (TBO splits batches on host lengths)."""
+    """A worker that declares it needs no host lengths, on backends that opt out of them,
+    gets none - unless two-batch overlap is on, read the way the installed release reads
+    it: then exact, as upstream forces them (TBO splits batches on host lengths)."""
     from types import SimpleNamespace
 
     from upstream_fixtures import barrier_calls, make_scheduler, server_config
@@ -80,7 +80,7 @@ def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(schedule
     monkeypatch.delenv("SPEC_FUSED_WAR_BARRIER", raising=False)
     algo = SpeculativeAlgorithm.EAGLE
     with server_config(tbo=tbo, algorithm="EAGLE") as args:
-        fm = make_future_map(algo, TraceConfig(pool=16, max_len=8), needs_cpu_seq_lens=True)
+        fm = make_future_map(algo, TraceConfig(pool=16, max_len=8), needs_cpu_seq_lens=False)
         sched = make_scheduler(scheduler_cls, algo, fm,
                                worker=SimpleNamespace(host_seq_lens="none"), server_args=args)
         barrier_calls(sched, True)
@@ -89,3 +89,5 @@ def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(schedule
     if tbo:
         assert relay.caps.host_source == "forced"
         assert "two-batch overlap" in relay.caps.why_host()
+    else:
+        assert relay.caps.host_source == "worker"

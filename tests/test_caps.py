@@ -10,7 +10,7 @@ import types
 import pytest
 from compat.expectations import expectation_for
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from upstream_fixtures import expected_barrier, expected_host
+from upstream_fixtures import expected_barrier, expected_host, expected_refusals
 
 from spec_fused import caps as caps_mod
 from spec_fused.caps import (
@@ -51,22 +51,22 @@ def _env(barrier=None, host=None):
 def test_every_configuration_decides_as_the_rules_say(algorithm, needs_cpu, tbo):
     """Upstream forces host lengths under TBO, so ``needs_cpu_seq_lens`` is True there."""
     for worker_barrier, env_barrier, worker_host, env_host in itertools.product(
-            (None, True, False), (None, "0", "1"), (None, "exact", "none"),
+            (None, True, False), (None, "0", "1"), (None, "exact", "reserved", "none"),
             (None, "exact", "reserved", "none")):
         got = decide(algorithm, worker=_worker(worker_barrier, worker_host),
                      attn_backends=[BackendsDecision(needs_cpu)], two_batch_overlap=tbo,
                      env=_env(env_barrier, env_host))
         want_barrier = expected_barrier(True, worker_barrier, env_barrier, FENCES)
-        want_host, _ = expected_host(algorithm, needs_cpu=needs_cpu, tbo=tbo,
-                                     worker=worker_host, env=env_host)
+        want_host = expected_host(algorithm, needs_cpu=needs_cpu, tbo=tbo,
+                                  worker=worker_host, env=env_host)
         where = (algorithm, needs_cpu, tbo, worker_barrier, env_barrier, worker_host, env_host)
         assert got.needs_war_barrier is want_barrier, where
         assert got.host_seq_lens == want_host, where
         assert select_variant(got) == ("barrier_free" if not want_barrier
                                        and want_host != "exact" else "war_guarded"), where
-        forced = algorithm == "NGRAM" or tbo
-        unsafe = env_host not in (None, "exact") and (forced or needs_cpu)
-        assert bool(got.refused) == unsafe, (where, got.refused)
+        assert len(got.refused) == expected_refusals(
+            algorithm, needs_cpu=needs_cpu, tbo=tbo, worker=worker_host, env=env_host), (
+            where, got.refused)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

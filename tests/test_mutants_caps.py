@@ -135,9 +135,22 @@ def test_a_registered_algorithm_keeps_later_layers_sources_and_wins_over_the_tab
 
 def test_a_registered_algorithms_table_claims_count_as_its_workers(registered):
     registered("plugin_algo", SpecCaps(True, "reserved", "mine"))
-    got = caps_for("plugin_algo", env=NO_ENV)
+    got = caps_for("plugin_algo", attn_backends=OPT_OUT, env=NO_ENV)
     assert (got.needs_war_barrier, got.barrier_source) == (True, "worker")
-    assert (got.host_seq_lens, got.host_source) == ("reserved", "worker")
+    assert (got.host_seq_lens, got.host_source, got.refused) == ("reserved", "worker", ())
+
+
+@pytest.mark.parametrize("backends, why", [
+    (NEEDS, "an attention backend reads host lengths (needs_cpu_seq_lens)"),
+    (None, "the attention backends' need for host lengths is not known here"),
+])
+def test_a_registered_algorithm_cannot_take_host_lengths_from_a_backend(registered,
+                                                                        backends, why):
+    registered("plugin_algo", SpecCaps(True, "reserved", "mine"))
+    got = caps_for("plugin_algo", attn_backends=backends, env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("exact", "backends")
+    assert got.why_host() == why
+    assert got.refused == (f"mine for PLUGIN_ALGO: {why}",)
 
 
 def test_an_unknown_algorithm_names_the_known_ones_sorted_and_how_to_declare_one():
@@ -230,11 +243,32 @@ class EagleWorker:
 
 def test_the_workers_declarations_and_their_reasons():
     got = caps_for("EAGLE", worker=EagleWorker(needs_war_barrier=False, host_seq_lens="reserved"),
-                   attn_backends=NEEDS, env=NO_ENV)
+                   attn_backends=OPT_OUT, env=NO_ENV)
     assert (got.needs_war_barrier, got.barrier_source) == (False, "worker")
     assert got.why_barrier() == "EagleWorker.needs_war_barrier=False"
-    assert (got.host_seq_lens, got.host_source) == ("reserved", "worker")
+    assert (got.host_seq_lens, got.host_source, got.refused) == ("reserved", "worker", ())
     assert got.why_host() == "EagleWorker.host_seq_lens='reserved'"
+
+
+@pytest.mark.parametrize("host", ["reserved", "none"])
+def test_a_worker_cannot_take_host_lengths_from_a_backend_that_reads_them(host):
+    """Unlike upstream's hook as the PR sketched it: a worker speaks for itself, not for
+    the attention backends; where one reads host lengths it keeps them."""
+    got = caps_for("EAGLE", worker=EagleWorker(host_seq_lens=host), attn_backends=NEEDS,
+                   env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("exact", "backends")
+    assert got.refused == (f"EagleWorker.host_seq_lens={host!r} for EAGLE: an attention "
+                           f"backend reads host lengths (needs_cpu_seq_lens)",)
+
+
+def test_a_worker_that_needs_exact_host_lengths_keeps_them_on_opted_out_backends():
+    worker = EagleWorker(host_seq_lens="exact")
+    got = caps_for("EAGLE", worker=worker, attn_backends=OPT_OUT, env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source, got.refused) == ("exact", "worker", ())
+    got = caps_for("EAGLE", worker=worker, attn_backends=OPT_OUT, env={HOST_ENV: "none"})
+    assert (got.host_seq_lens, got.host_source) == ("exact", "worker")
+    assert got.refused == (f"{HOST_ENV}=none for EAGLE: the worker needs exact host "
+                           f"lengths (EagleWorker.host_seq_lens='exact')",)
 
 
 def test_a_worker_attribute_of_the_wrong_type_is_no_declaration():
@@ -285,7 +319,7 @@ def test_establish_leaves_a_kept_barrier_and_later_layers_alone(monkeypatch):
     assert (got.needs_war_barrier, got.barrier_source) == (False, "worker")
     got = decide("DFLASH", attn_backends=NEEDS, env={BARRIER_ENV: "0"})
     assert (got.needs_war_barrier, got.barrier_source) == (False, "env")
-    got = decide("DFLASH", attn_backends=NEEDS, worker=EagleWorker(host_seq_lens="reserved"),
+    got = decide("DFLASH", attn_backends=OPT_OUT, worker=EagleWorker(host_seq_lens="reserved"),
                  env=NO_ENV)
     assert (got.host_seq_lens, got.host_source) == ("reserved", "worker")
 

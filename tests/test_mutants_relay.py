@@ -128,6 +128,21 @@ def test_a_refused_override_is_logged_once_as_refused(monkeypatch, caplog):
         "backend reads host lengths (needs_cpu_seq_lens)"]
 
 
+def test_a_workers_claim_against_a_backend_is_refused_and_logged_once(monkeypatch, caplog):
+    """Through the path the scheduler takes: a worker that says it needs no host lengths,
+    on a FutureMap whose backends read them, gets exact host lengths and one log line."""
+    monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
+    worker = SimpleNamespace(host_seq_lens="none")
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        for _ in range(2):
+            caps = relay_mod.future_map_caps(fm, worker=worker)
+    assert caps.host_seq_lens == "exact"
+    assert _messages(caplog) == [
+        "spec_fused: override refused: SimpleNamespace.host_seq_lens='none' for EAGLE: an "
+        "attention backend reads host lengths (needs_cpu_seq_lens)"]
+
+
 def test_each_distinct_refusal_is_logged_once(monkeypatch, caplog):
     """Once per refusal, not once per process: a second, different unsafe override (here
     under another algorithm) still gets its own line."""

@@ -121,10 +121,10 @@ def test_fused_relay_runs_beside_the_real_scheduler_module(patched_scheduler):
 def test_scheduler_caps_reach_a_relay_made_earlier(patched_scheduler):
     from types import SimpleNamespace
 
-    fm = make_future_map("EAGLE", CFG)
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=False)
     sched = make_scheduler(Scheduler, SpeculativeAlgorithm.EAGLE, fm,
-                           worker=SimpleNamespace(host_seq_lens="none"))
+                           worker=SimpleNamespace(host_seq_lens="exact"))
     relay = relay_mod.relay_for(fm)  # e.g. a warm-up step before the loop
-    assert relay.host_seq_lens == "exact"
+    assert relay.host_seq_lens == "none"  # the backends opt out; no worker claim yet
     barrier_calls(sched, True)
-    assert relay.host_seq_lens == "none"
+    assert (relay.host_seq_lens, relay.caps.host_source) == ("exact", "worker")

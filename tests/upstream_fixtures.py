@@ -44,25 +44,39 @@ def expected_barrier(gate: bool, worker: Optional[bool], env: Optional[str],
 
 
 def expected_host(algorithm: str, *, needs_cpu: bool, tbo: bool,
-                  worker: Optional[str] = None, env: Optional[str] = None) -> tuple:
-    """``(host_seq_lens, batch gets exact host lengths)``: upstream forces exact host
-    lengths for NGRAM and under two-batch overlap; every backend opting out means none
-    (as upstream's GPU-only path); a worker's own declaration stands otherwise; anything
-    else is exact, as upstream (DFLASH's bound is used upstream only where the backends
-    opt out). An environment override applies only where it is safe: exact always,
-    anything less only where nothing forces exact and the backends opt out."""
+                  worker: Optional[str] = None, env: Optional[str] = None) -> str:
+    """What ``host_seq_lens`` must be. Upstream forces exact host lengths for NGRAM and
+    under two-batch overlap. A worker's own "exact" stands (it says it plans with them);
+    its "reserved"/"none" stands only where every backend opts out, for a backend that
+    reads host lengths must get them. With no worker claim, every backend opting out
+    means none (upstream's GPU-only path), anything else exact, as upstream (DFLASH's
+    bound is used upstream only where the backends opt out). An environment override
+    applies only where it is safe: exact always, anything less only where nothing forces
+    exact, the backends opt out, and the worker has not said it needs exact."""
     forced = algorithm == "NGRAM" or tbo
     if forced:
         host = "exact"
+    elif worker == "exact":
+        host = "exact"
     elif not needs_cpu:
-        host = "none"
-    elif worker is not None:
-        host = worker
+        host = worker or "none"
     else:
         host = "exact"
-    if env is not None and (env == "exact" or (not forced and not needs_cpu)):
+    if env == "exact" or (env is not None and not forced and not needs_cpu
+                          and worker != "exact"):
         host = env
-    return host, host == "exact" and needs_cpu
+    return host
+
+
+def expected_refusals(algorithm: str, *, needs_cpu: bool, tbo: bool,
+                      worker: Optional[str] = None, env: Optional[str] = None) -> int:
+    """How many host-length claims must be refused (each logged once): a worker's
+    non-exact claim where a backend reads host lengths (NGRAM's forcing comes first, so
+    its worker is never asked), and an environment override that is not safe."""
+    forced = algorithm == "NGRAM" or tbo
+    worker_refused = worker not in (None, "exact") and needs_cpu and algorithm != "NGRAM"
+    env_refused = env not in (None, "exact") and (forced or needs_cpu or worker == "exact")
+    return int(worker_refused) + int(env_refused)
 
 
 # ----------------------------------------------------------------------- the scheduler
@@ -195,7 +209,7 @@ def check_barrier_configuration(scheduler_cls, algorithm, *, needs_cpu, tbo, wor
     if not speculative:
         assert relay is None
         return
-    want_host, _ = expected_host(algorithm.name, needs_cpu=needs_cpu, tbo=tbo)
+    want_host = expected_host(algorithm.name, needs_cpu=needs_cpu, tbo=tbo)
     assert relay is not None and relay.host_seq_lens == want_host, (where, relay.caps.explain())
 
 
