@@ -62,7 +62,11 @@ def test_a_wrong_kernel_is_caught_and_the_reference_serves(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         verdict = backend_mod.canary("cpu")
     assert verdict.backend == "reference" and verdict.downgraded
-    assert "fused kernel failed the canary" in verdict.notes[-1]
+    # The kernel is wrong, not the direct launch: one step down, one line, no blame on
+    # the direct launch.
+    assert len(verdict.notes) == 1 and "fused kernel failed the canary" in verdict.notes[0]
+    lines = [r.getMessage() for r in caplog.records if "start-up canary" in r.getMessage()]
+    assert len(lines) == 1 and "torch reference" in lines[0]
     # From now on the device's backend is the reference, and serving is right.
     backend, why = backend_mod.explain_backend("cpu")
     assert backend == "reference" and "start-up canary" in why
@@ -107,3 +111,38 @@ def test_a_wrong_host_row_is_caught(monkeypatch):
     monkeypatch.setattr(kernel, "_launch", wrong_row)
     verdict = backend_mod.canary("cpu")
     assert verdict.backend == "reference" and "host row" in verdict.notes[-1]
+
+
+def test_a_canary_that_cannot_set_up_proves_nothing_and_the_reference_serves(caplog):
+    """Nothing checked is nothing proven: never a verdict of "direct launch" by default."""
+    def broken(buf, backend):
+        raise RuntimeError("CUDA error: out of memory")
+
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        verdict = backend_mod.canary("cpu", make_launcher=broken)
+    assert (verdict.backend, verdict.direct, verdict.cases) == ("reference", False, 0)
+    assert verdict.notes == ["the fused kernel failed the canary (RuntimeError: CUDA error: "
+                             "out of memory): torch reference"]
+    assert backend_mod.explain_backend("cpu")[0] == "reference"
+
+
+def test_the_debug_canary_proves_the_poisoning_launcher_the_relay_builds():
+    verdict = backend_mod.canary("cpu", debug=True)
+    assert (verdict.backend, verdict.notes) == ("interpreter", [])
+    assert verdict.cases == 2 * len(backend_mod._CASES)
+
+
+def test_the_debug_canary_catches_a_kernel_that_does_not_poison(monkeypatch):
+    """Consume-once poisoning is part of what debug mode launches; a kernel that skips
+    it leaves the buffer unlike the reference's."""
+    real = kernel._launch
+
+    def no_poison(buf, gi, pi, pv, out, out_sum, host_out, flag, poison, *args, **kwargs):
+        return real(buf, gi, pi, pv, out, out_sum, host_out, flag, False, *args, **kwargs)
+
+    monkeypatch.setattr(kernel, "_launch", no_poison)
+    assert backend_mod.canary("cpu").notes == []  # release mode does not poison
+    backend_mod._verdicts.clear()
+    verdict = backend_mod.canary("cpu", debug=True)
+    assert verdict.backend == "reference"
+    assert "published buffer differs" in verdict.notes[0]

@@ -303,8 +303,9 @@ def prewarm_for(fm, buf) -> None:
             return
         _prewarmed.add(str(buf.device))
         from spec_fused.kernels.backend import prewarm
+        from spec_fused.upstream import debug_enabled
 
-        prewarm(buf.device)
+        prewarm(buf.device, debug=debug_enabled())  # the launcher the relay will build
     except Exception as exc:
         _relay.log_once(("prewarm", type(exc).__name__),
                         "could not compile the fused kernel ahead of serving (%s: %s)",

@@ -57,16 +57,28 @@ def explain_relay_backend(device) -> tuple[str, str]:
     or ``"null"`` under ``SPEC_FUSED_FORCE_BACKEND=null`` together with
     ``SPEC_FUSED_BENCH=1`` - the measurement seam that runs the relay's whole host path
     with no device work. ``null`` is never picked otherwise, and never by a fallback."""
-    forced = os.environ.get(ENV_FORCE_BACKEND, "")
     backend, why = explain_backend(device)
-    if not forced:
+    ignored = ignored_force_backend()
+    if ignored is not None:
+        return backend, f"{why} ({ignored})"
+    if not os.environ.get(ENV_FORCE_BACKEND, ""):
         return backend, why
-    if forced != "null":
-        return backend, f"{why} ({ENV_FORCE_BACKEND}={forced!r} ignored: only 'null' is known)"
-    if os.environ.get(ENV_BENCH) != "1":
-        return backend, f"{why} ({ENV_FORCE_BACKEND}=null ignored: it needs {ENV_BENCH}=1)"
     return "null", f"{ENV_FORCE_BACKEND}=null with {ENV_BENCH}=1: no device work, " \
                    f"results unspecified (benchmarks only)"
+
+
+def ignored_force_backend() -> Optional[str]:
+    """Why ``SPEC_FUSED_FORCE_BACKEND`` is set but ignored (a typo, or ``null`` without
+    ``SPEC_FUSED_BENCH=1``), or None: a server ignores it with a warning, ``selftest``
+    calls it a bad override."""
+    forced = os.environ.get(ENV_FORCE_BACKEND, "")
+    if not forced:
+        return None
+    if forced != "null":
+        return f"{ENV_FORCE_BACKEND}={forced!r} ignored: only 'null' is known"
+    if os.environ.get(ENV_BENCH) != "1":
+        return f"{ENV_FORCE_BACKEND}=null ignored: it needs {ENV_BENCH}=1"
+    return None
 
 
 def backend_for(device) -> str:
@@ -126,10 +138,15 @@ class CanaryMismatch(AssertionError):
     """A launch gave other results than the torch reference on the same inputs."""
 
 
+class _DirectLaunchFailed(Exception):
+    """The per-step (direct) launch failed a case its normal launch had just passed."""
+
+
 def _check_case(launcher, mirror, case, step: int, lean: bool, stream, sync) -> None:
     """One launch of ``case`` through ``launcher`` (``lean``: the per-step path, which
     is the direct launch where bound; else the checked, normal launch), compared with
-    the reference run on the host mirror of the same buffer."""
+    the reference run on the host mirror of the same buffer (poisoning as the launcher
+    does, in debug mode)."""
     values_dtype, pinned, host, n = case
     device = launcher.buf.device
     gen = torch.Generator().manual_seed(1000 + step)
@@ -139,7 +156,7 @@ def _check_case(launcher, mirror, case, step: int, lean: bool, stream, sync) -> 
     values_cpu = torch.randint(0, 1 << 20, (publish_cpu.shape[0],), generator=gen)
     want = kernel.publish_gather_reference(
         mirror, gather_cpu, publish_cpu if values_dtype else None,
-        values_cpu.to(values_dtype) if values_dtype else None)
+        values_cpu.to(values_dtype) if values_dtype else None, poison=launcher.poison)
     gather = launcher.stage_host_indices(gather_cpu) if pinned else gather_cpu.to(device)
     pi = publish_cpu.to(device) if values_dtype else None
     pv = values_cpu.to(values_dtype).to(device) if values_dtype else None
@@ -162,64 +179,85 @@ def _check_case(launcher, mirror, case, step: int, lean: bool, stream, sync) -> 
 
 
 def _run_cases(launcher, stream, sync, *, lean: bool) -> int:
-    mirror = torch.arange(launcher.buf.shape[0], dtype=torch.int64) * 7
+    """Each case through the normal launch (a failure there is the kernel's), then, when
+    ``lean``, through the per-step launch (a failure there is the direct launch's:
+    :class:`_DirectLaunchFailed`). A poisoning (debug) launcher starts each check from a
+    fresh buffer, as consumed rows may not be read again."""
+    base = torch.arange(launcher.buf.shape[0], dtype=torch.int64) * 7
+    mirror = base.clone()
     launcher.buf.copy_(mirror)
     n = 0
     for step, case in enumerate(_CASES):
-        _check_case(launcher, mirror, case, step, False, stream, sync)  # compiles, binds
-        n += 1
-        if lean:
-            _check_case(launcher, mirror, case, 100 + step, True, stream, sync)
+        for path_lean in (False, True) if lean else (False,):
+            if launcher.poison:
+                mirror.copy_(base)
+                launcher.buf.copy_(base)
+            if not path_lean:
+                _check_case(launcher, mirror, case, step, False, stream, sync)  # compiles, binds
+            else:
+                try:
+                    _check_case(launcher, mirror, case, 100 + step, True, stream, sync)
+                except Exception as exc:
+                    raise _DirectLaunchFailed(f"{type(exc).__name__}: {exc}") from exc
             n += 1
     return n
 
 
-def canary(device, *, make_launcher=None) -> Verdict:
+def canary(device, *, debug: bool = False, make_launcher=None) -> Verdict:
     """Before serving: every variant the relay will launch on ``device`` runs on scratch
     data through the path it will use - the direct launch, the normal launch, the pinned
-    host ring, a private high-priority stream - and each result (lengths, sum, host row
-    and stamp, the published buffer) is compared with the torch reference. A mismatch or
-    an error blocks the direct launch (the normal launch is used); if the normal launch
-    is wrong too, the relay uses the reference. Each step down is logged once; ``doctor``
-    and ``selftest`` show the verdict. It costs milliseconds at start-up and nothing per
-    step. ``make_launcher(buf, backend)`` stands in for the launcher (tests)."""
+    host ring, a private high-priority stream, and with ``debug`` the poisoning variant
+    the relay then builds - and each result (lengths, sum, host row and stamp, the
+    published buffer) is compared with the torch reference. A mismatch or an error of the
+    direct launch blocks it (the normal launch is used); one of the normal launch - the
+    kernel itself - or a canary that cannot even set up puts the device on the reference.
+    Each step down is one log line; ``doctor`` and ``selftest`` show the verdict. It
+    costs milliseconds at start-up and nothing per step. ``make_launcher(buf, backend)``
+    stands in for the launcher (tests)."""
     from spec_fused.kernels.step_launcher import PublishGather
 
     device = torch.device(device)
-    make_launcher = make_launcher or (lambda buf, backend: PublishGather(buf, backend=backend))
+    if make_launcher is None:
+        def make_launcher(buf, backend):
+            return PublishGather(buf, backend=backend, poison=debug, validate=debug,
+                                 debug=debug)
     backend = backend_for(device)
-    verdict = Verdict(str(device), backend, direct=backend == "triton")
+    verdict = Verdict(str(device), backend, direct=False)
     _verdicts[str(device)] = verdict
     if backend not in ("triton", "interpreter"):
         return verdict  # the reference is what the others are held to
-    scratch = torch.zeros((64,), dtype=torch.int64, device=device)
-    if device.type == "cuda":
-        private = torch.cuda.Stream(device, priority=-1)
-        stream, sync = torch.cuda.stream(private), private.synchronize
-    else:
-        stream, sync = contextlib.nullcontext(), (lambda: None)
-    launcher = make_launcher(scratch, backend)
     try:
+        scratch = torch.zeros((64,), dtype=torch.int64, device=device)
+        if device.type == "cuda":
+            private = torch.cuda.Stream(device, priority=-1)
+            stream, sync = torch.cuda.stream(private), private.synchronize
+        else:
+            stream, sync = contextlib.nullcontext(), (lambda: None)
+        launcher = make_launcher(scratch, backend)
         verdict.cases += _run_cases(launcher, stream, sync, lean=True)
         fast = launcher._fast
         verdict.direct = fast is not None and fast.blocked is None
         return verdict
-    except Exception as exc:
-        why = f"{type(exc).__name__}: {exc}"
-        verdict.direct = False
-        verdict.notes.append(f"the direct launch failed the canary ({why}): normal launch")
+    except _DirectLaunchFailed as exc:
+        verdict.notes.append(f"the direct launch failed the canary ({exc}): normal launch")
         _log(device, verdict.notes[-1])
-    launcher = make_launcher(scratch, backend)
-    if launcher._fast is not None:
-        launcher._fast.block("the start-up canary failed the direct launch")
+    except Exception as exc:
+        return _on_reference(verdict, f"{type(exc).__name__}: {exc}")
     try:
+        launcher = make_launcher(scratch, backend)
+        if launcher._fast is not None:
+            launcher._fast.block("the start-up canary failed the direct launch")
         verdict.cases += _run_cases(launcher, stream, sync, lean=False)
-        return verdict
     except Exception as exc:
-        why = f"{type(exc).__name__}: {exc}"
-        verdict.backend = "reference"
-        verdict.notes.append(f"the fused kernel failed the canary ({why}): torch reference")
-        _log(device, verdict.notes[-1])
+        return _on_reference(verdict, f"{type(exc).__name__}: {exc}")
+    return verdict
+
+
+def _on_reference(verdict: Verdict, why: str) -> Verdict:
+    """Nothing fused proven on this device: the torch reference serves there."""
+    verdict.backend, verdict.direct = "reference", False
+    verdict.notes.append(f"the fused kernel failed the canary ({why}): torch reference")
+    _log(verdict.device, verdict.notes[-1])
     return verdict
 
 
@@ -228,7 +266,8 @@ def _log(device, note: str) -> None:
                                             device, note)
 
 
-def prewarm(device) -> Verdict:
+def prewarm(device, *, debug: bool = False) -> Verdict:
     """Compile and prove, before serving: the canary runs every variant the relay launches
-    on ``device``, so nothing is compiled or loaded while a server is serving."""
-    return canary(device)
+    on ``device`` (``debug``: the relay's debug-mode launcher), so nothing is compiled or
+    loaded while a server is serving."""
+    return canary(device, debug=debug)
