@@ -120,8 +120,7 @@ def make_arm(name: str, algorithm: str, device: torch.device, args) -> Arm:
         raise RuntimeError(f"relay caps {relay.caps} disagree with the scheduler's {caps}")
     if args.kernel_backend != "auto":
         relay.launcher.backend = args.kernel_backend
-    exact = args.needs_cpu_seq_lens and relay.host_seq_lens == "exact"
-    return Arm("B", fm, relay, barrier, exact, relay.variant)
+    return Arm("B", fm, relay, barrier, relay.gives_host_lengths(fm), relay.variant)
 
 
 def prewarm(arm: Arm, timeline, concurrency: int, pool: int) -> None:
@@ -331,8 +330,10 @@ def parse_args(argv=None):
     parser.add_argument("--pool", type=int, default=4096, help="req_to_token pool size")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force-barrier-free", action="store_true",
-                        help="arm B on DFLASH with SPEC_FUSED_WAR_BARRIER=0 "
-                             "SPEC_FUSED_HOST_SEQ_LENS=reserved (the barrier_free variant)")
+                        help="arm B on DFLASH with SPEC_FUSED_WAR_BARRIER=0 (what an operator "
+                             "who checked their build sets): barrier_free where the step "
+                             "gets no exact host lengths (--needs-cpu-seq-lens 0), else "
+                             "war_guarded without the barrier")
     parser.add_argument("--kernel-backend", choices=("auto", "reference", "interpreter"),
                         default=None,
                         help="arm B's kernel backend; default: auto on CUDA, reference on CPU "

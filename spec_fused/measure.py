@@ -147,7 +147,7 @@ def _relay_provider(name, algorithm, device, needs_cpu, idx, vals, pool, *, fuse
         fm.publish(idx, vals)
         fm.resolve_seq_lens_cpu(batch)
 
-    exact = bool(needs_cpu) and (relay is None or relay.host_seq_lens == "exact")
+    exact = bool(needs_cpu) if relay is None else relay.gives_host_lengths(fm)
 
     def check():
         step()

@@ -143,9 +143,17 @@ class FusedRelay:
         self.caps = caps
         self.host_seq_lens = caps.host_seq_lens
         self.exact = caps.host_seq_lens == "exact"
+        # An explicit "exact" - the worker's, or SPEC_FUSED_HOST_SEQ_LENS - stands even on
+        # backends that opt out; any other "exact" goes where upstream's FutureMap gives
+        # host lengths: its needs_cpu_seq_lens, read per step as upstream reads it.
+        self.exact_claimed = self.exact and caps.host_source in ("worker", "env")
         self.variant = select_variant(caps)
         if self.exact and self.on_cuda:
             self.launcher.ensure_host_ring()
+
+    def gives_host_lengths(self, fm) -> bool:
+        """Whether a resolve of ``fm`` hands the batch exact host lengths."""
+        return self.exact_claimed or (self.exact and bool(fm.needs_cpu_seq_lens))
 
     def _bind_launch(self) -> None:
         self._launch = self.launcher.launch_checked if self.debug else self.launcher.launch
@@ -257,7 +265,7 @@ class FusedRelay:
             # upstream's consume-once check (0.5.16+, under its debug switch)
             assert fm._publish_fresh, "resolve without a fresh forward publish"
             fm._publish_fresh = False
-        exact = self.exact and fm.needs_cpu_seq_lens
+        exact = self.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
         if exact and self.on_cuda:
             return self._resolve_exact_cuda(fm, batch, fi, event)
         if event is not None:

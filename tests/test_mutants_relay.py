@@ -143,6 +143,42 @@ def test_a_workers_claim_against_a_backend_is_refused_and_logged_once(monkeypatc
         "attention backend reads host lengths (needs_cpu_seq_lens)"]
 
 
+@pytest.mark.parametrize("how", ["worker", "env"])
+def test_an_explicit_exact_claim_gives_the_batch_host_lengths_on_opted_out_backends(
+        how, monkeypatch):
+    """Where every backend opts out upstream hands the step no host lengths; a worker's
+    ``host_seq_lens="exact"`` or ``SPEC_FUSED_HOST_SEQ_LENS=exact`` puts them back - on
+    the batch, not only in the caps."""
+    monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=False)
+    worker = None
+    if how == "worker":
+        worker = SimpleNamespace(host_seq_lens="exact")
+    else:
+        monkeypatch.setenv("SPEC_FUSED_HOST_SEQ_LENS", "exact")
+    caps = relay_mod.future_map_caps(fm, worker=worker)
+    assert (caps.host_seq_lens, caps.host_source) == ("exact", how)
+    relay = relay_mod.FusedRelay(fm, caps, debug=False, ops=None)
+    assert relay.gives_host_lengths(fm)
+    relay.publish(fm, torch.tensor([3, 5, 7]), torch.tensor([11, 4, 9]))
+    batch = decode_batch([7, 3], CFG)
+    relay.resolve(fm, batch)
+    assert batch.seq_lens.tolist() == [9, 11]
+    assert batch.seq_lens_cpu.tolist() == [9, 11] and batch.seq_lens_sum == 20
+
+
+def test_no_claim_on_opted_out_backends_gives_the_batch_no_host_lengths(monkeypatch):
+    monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=False)
+    relay = relay_mod.FusedRelay(fm, relay_mod.future_map_caps(fm), debug=False, ops=None)
+    assert not relay.gives_host_lengths(fm)
+    relay.publish(fm, torch.tensor([3, 7]), torch.tensor([11, 9]))
+    batch = decode_batch([7, 3], CFG)
+    relay.resolve(fm, batch)
+    assert batch.seq_lens.tolist() == [9, 11]
+    assert (batch.seq_lens_cpu, batch.seq_lens_sum) == (None, None)
+
+
 def test_each_distinct_refusal_is_logged_once(monkeypatch, caplog):
     """Once per refusal, not once per process: a second, different unsafe override (here
     under another algorithm) still gets its own line."""
@@ -611,7 +647,8 @@ def prewarm_calls(monkeypatch):
     from spec_fused.kernels import backend as backend_mod
 
     calls = []
-    monkeypatch.setattr(backend_mod, "prewarm", lambda device: calls.append(str(device)))
+    monkeypatch.setattr(backend_mod, "prewarm",
+                        lambda device, debug: calls.append((str(device), debug)))
     monkeypatch.setattr(sglang_patch, "_prewarmed", set())
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     return calls
@@ -627,13 +664,22 @@ def test_prewarm_compiles_once_per_cuda_device_for_speculative_maps(prewarm_call
     assert prewarm_calls == []
     sglang_patch.prewarm_for(eagle, buf)
     sglang_patch.prewarm_for(eagle, buf)
-    assert prewarm_calls == ["cuda:0"]
+    assert prewarm_calls == [("cuda:0", False)]
+
+
+def test_the_prewarm_proves_the_debug_launcher_in_debug_mode(prewarm_calls, monkeypatch):
+    """The canary checks the launcher the relay will build: the poisoning one under
+    SPEC_FUSED_DEBUG=1."""
+    monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
+    sglang_patch.prewarm_for(SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE),
+                             torch.zeros(4).as_subclass(_OnCuda))
+    assert prewarm_calls == [("cuda:0", True)]
 
 
 def test_a_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, caplog):
     from spec_fused.kernels import backend as backend_mod
 
-    def fail(device):
+    def fail(device, debug):
         raise RuntimeError("no compiler")
 
     monkeypatch.setattr(backend_mod, "prewarm", fail)
