@@ -8,9 +8,10 @@ a verdict with the figures behind it:
 * the start-up canary's verdict (every launch variant against the torch reference);
 * correctness: random continuous-batching traces through the real SGLang ``FutureMap``,
   patched against unpatched, EAGLE and DFLASH, ``needs_cpu_seq_lens`` 1 (exact host
-  lengths: on CUDA the private stream and the pinned ring) and 0 (none); on CUDA the
-  traces run SGLang's stream pattern, and the paths that must not sync run under
-  PyTorch's own detector (``torch.cuda.set_sync_debug_mode("error")``);
+  lengths: on CUDA the private stream and the pinned ring) and 0 (none; and, where the
+  environment does not already choose, ``reserved`` and the barrier-free variant); on
+  CUDA the traces run SGLang's stream pattern, and the paths that must not sync run
+  under PyTorch's own detector (``torch.cuda.set_sync_debug_mode("error")``);
 * speed: per relay step, host µs and device µs (CUDA events) for upstream, spec_fused,
   spec_fused through the normal launch, and one empty launch, at batch 1, 32, 256, 1024.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import platform
 import statistics
 import time
@@ -36,6 +38,15 @@ __all__ = ["render", "run"]
 
 ALGORITHMS = ("EAGLE", "DFLASH")
 BATCHES = (1, 32, 256, 1024)
+# (needs_cpu_seq_lens, environment, every seed?): what the relay can run on this device.
+# The overridden ones run where the user's environment leaves the choice open, so a
+# user's own override is what gets checked, never replaced.
+CONFIGS = (
+    (True, {}, True),
+    (False, {}, True),
+    (False, {"SPEC_FUSED_HOST_SEQ_LENS": "reserved"}, False),
+    (False, {"SPEC_FUSED_HOST_SEQ_LENS": "reserved", "SPEC_FUSED_WAR_BARRIER": "0"}, False),
+)
 
 
 def _versions(device) -> dict:
@@ -74,17 +85,32 @@ def _no_sync(device):
         torch.cuda.set_sync_debug_mode("default")
 
 
-def _correctness_case(algorithm, needs_cpu, seed, device, quick) -> dict:
-    from spec_fused import relay as relay_mod
-    from spec_fused.integration import sglang_patch
-    from spec_fused.traces import TraceConfig, make_future_map, run_trace
+def _configs():
+    """``CONFIGS`` less the overridden ones whose variables the environment sets."""
+    for needs_cpu, env, every_seed in CONFIGS:
+        if env and any(k in os.environ for k in env):
+            continue
+        yield needs_cpu, env, every_seed
+
+
+def _correctness_case(algorithm, needs_cpu, seed, device, quick, env=None) -> dict:
+    from spec_fused import measure
+    from spec_fused.traces import TraceConfig
 
     cfg = TraceConfig(seed=seed, pool=256, steps=20 if quick else 40, max_running=32,
                       p_mixed=0.0 if not needs_cpu else 0.15,
                       verify_cycles=200_000 if device.type == "cuda" else 0)
-    case = {"algorithm": algorithm, "needs_cpu_seq_lens": int(needs_cpu), "seed": seed}
-    want = run_trace(make_future_map(algorithm, cfg, device=device,
-                                     needs_cpu_seq_lens=needs_cpu), cfg)
+    case = {"algorithm": algorithm, "needs_cpu_seq_lens": int(needs_cpu), "seed": seed,
+            "env": dict(env or {})}
+    with measure.env_set(env):
+        return _check_trace(case, algorithm, needs_cpu, cfg, device)
+
+
+def _check_trace(case, algorithm, needs_cpu, cfg, device) -> dict:
+    from spec_fused import relay as relay_mod
+    from spec_fused.integration import sglang_patch
+    from spec_fused.traces import make_future_map, run_trace
+
     sglang_patch.apply()
     try:
         fm = make_future_map(algorithm, cfg, device=device, needs_cpu_seq_lens=needs_cpu)
@@ -96,8 +122,8 @@ def _correctness_case(algorithm, needs_cpu, seed, device, quick) -> dict:
             return case
         case.update(host_lengths=relay.host_seq_lens, variant=relay.variant,
                     backend=relay.launcher.backend)
-        guard = (lambda: _no_sync(device)) if not (needs_cpu and relay.exact) else \
-            contextlib.nullcontext
+        exact = relay.gives_host_lengths(fm)
+        guard = contextlib.nullcontext if exact else (lambda: _no_sync(device))
         try:
             got = run_trace(fm, cfg, guard=guard)
         except Exception as exc:  # a sync on a path that must not sync, or worse
@@ -107,6 +133,11 @@ def _correctness_case(algorithm, needs_cpu, seed, device, quick) -> dict:
                                      and relay.launcher._fast.blocked is None)
     finally:
         sglang_patch.remove()
+    # SGLang's own FutureMap on the same trace; where the relay gives exact host lengths
+    # on backends that opt out (an explicit "exact" claim), SGLang's as a backend that
+    # reads them would get them.
+    want = run_trace(make_future_map(algorithm, cfg, device=device,
+                                     needs_cpu_seq_lens=needs_cpu or exact), cfg)
     bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
     if len(got) != len(want) or bad:
         step = bad[0] if bad else min(len(got), len(want))
@@ -181,24 +212,30 @@ def run(*, quick: bool = False, device: Optional[str] = None) -> dict:
 
 
 def _run(quick: bool, device: Optional[str]) -> dict:
-    from spec_fused.kernels.backend import canary, explain_backend
+    from spec_fused.kernels.backend import canary, explain_backend, ignored_force_backend
 
     t0 = time.perf_counter()
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     report = {"device": str(device), "versions": _versions(device), "quick": quick,
               "gpu_times": device.type == "cuda"}
     report["plugin"] = _plugin()
+    if report["plugin"]["ok"] and ignored_force_backend() is not None:
+        report["plugin"] = {"ok": False, "reason": f"bad override: {ignored_force_backend()}"}
     if not report["plugin"]["ok"]:
         report.update(ok=False, verdict=report["plugin"]["reason"])
         return report
-    verdict = canary(device)
+    from spec_fused.upstream import debug_enabled
+
+    verdict = canary(device, debug=debug_enabled())  # as the server's prewarm runs it
     report["canary"] = {"backend": verdict.backend, "direct": verdict.direct,
                         "cases": verdict.cases, "notes": verdict.notes,
                         "describe": verdict.describe()}
     report["backend"] = explain_backend(device)[1]
     seeds = (0, 1) if quick else (0, 1, 2, 3)
-    report["correctness"] = [_correctness_case(a, n, s, device, quick)
-                             for a in ALGORITHMS for n in (True, False) for s in seeds]
+    report["correctness"] = [
+        _correctness_case(a, needs_cpu, s, device, quick, env)
+        for needs_cpu, env, every_seed in _configs() for a in ALGORITHMS
+        for s in (seeds if every_seed else seeds[:1])]
     correct = all(c["ok"] for c in report["correctness"])
     report["speed"] = _speed(device, quick) if correct else []
     report["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -250,13 +287,16 @@ def render(report: dict) -> str:
     cases = report.get("correctness", [])
     if cases:
         out += ["", "Correctness (random traces, patched vs SGLang's own FutureMap)",
-                "  algorithm  needs_cpu_seq_lens  host lengths  variant      result"]
+                "  algorithm  needs_cpu_seq_lens  host lengths  variant       result"]
         for c in cases:
+            env = " ".join(f"{k}={v}" for k, v in c.get("env", {}).items())
             out.append(f"  {c['algorithm']:<9}  {c['needs_cpu_seq_lens']:<18}  "
-                       f"{c.get('host_lengths', '-'):<12}  {c.get('variant', '-'):<11}  "
-                       f"{'ok' if c['ok'] else 'FAIL: ' + c['why']}")
+                       f"{c.get('host_lengths', '-'):<12}  {c.get('variant', '-'):<12}  "
+                       f"{'ok' if c['ok'] else 'FAIL: ' + c['why']}"
+                       + (f"  ({env})" if env else ""))
     if report.get("speed"):
-        unit = "µs" if report["gpu_times"] else "µs (CPU, interpreter: not GPU times)"
+        unit = "µs" if report["gpu_times"] else "µs (CPU, interpreter: not GPU times; " \
+            "the normal-launch and empty-launch rows are CUDA only)"
         out += ["", f"Speed per relay step, EAGLE ({unit}; x = ratio to SGLang's)",
                 "  ncsl  batch  provider        host        device"]
         for r in report["speed"]:
