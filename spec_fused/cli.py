@@ -117,6 +117,8 @@ def _costs(c: dict) -> str:
 
 
 def _render_impact(impact: dict) -> list:
+    from spec_fused.impact import cells
+
     if not impact or "error" in impact:
         return ["", f"Where spec_fused helps: {impact.get('error', 'unknown')}"]
     release = impact.get("release")
@@ -139,14 +141,20 @@ def _render_impact(impact: dict) -> list:
                        f"lengths {decision['host_seq_lens']} ({decision['reason']})")
         out.append(f"  => {row['verdict']}")
         return out
-    table = [("attention backend", "algorithm", "host lengths", "where it helps"),
-             ("-----------------", "---------", "------------", "--------------")]
+    table = [("attention backend", "algorithm", "host lengths", "upstream", "spec_fused",
+              "where it helps"),
+             ("-----------------", "---------", "------------", "--------", "----------",
+              "--------------")]
     for r in impact.get("rows", []):
         table.append((r["backend"], r["algorithm"],
                       "read" if r["needs_host_lengths"] else "opted out",
+                      cells(r["upstream"]), cells(r["spec_fused"]),
                       "helps: no pool-sized copy" if r["needs_host_lengths"]
                       else "nothing that matters (upstream is GPU-only here)"))
     out += _table(table)
+    out.append("  (device ops / D2H bytes / host syncs / WAR barrier)")
+    out += [f"  note ({r['backend']}, {r['algorithm']}): {note}"
+            for r in impact.get("rows", []) for note in r["notes"]]
     out.append("  Your configuration: spec-fused doctor --attention-backend NAME "
                "--speculative-algorithm NAME")
     return out

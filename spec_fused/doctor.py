@@ -306,12 +306,16 @@ def _devices() -> list[str]:
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         devices.append("mps")
+    for kind in ("xpu", "npu"):  # SGLang runs on these; the relay does not (a row says why)
+        module = getattr(torch, kind, None)
+        if module is not None and _safely(module.is_available, lambda exc: False):
+            devices.append(kind)
     return devices
 
 
 def backends() -> dict:
     """``{device: {backend, reason, relay_backend, relay_reason}}`` for ``cpu``, every
-    visible CUDA device and MPS: the public kernel's backend, and the relay's (the same,
+    visible CUDA device, MPS, XPU and NPU: the public kernel's backend, and the relay's (the same,
     unless the ``SPEC_FUSED_FORCE_BACKEND=null`` measurement seam is on, or asked for and
     ignored)."""
     try:
@@ -327,11 +331,13 @@ def backends() -> dict:
             import torch
 
             from spec_fused.cuda_ops import unsupported_device
+            from spec_fused.upstream import debug_enabled
 
             device = torch.device(dev)
             not_relayed = unsupported_device(device)
             if device.type == "cuda" and not_relayed is None:
-                pg.canary(device)  # milliseconds: what the relay would prove before serving
+                # milliseconds: what the relay would prove before serving
+                pg.canary(device, debug=debug_enabled())
             backend, reason = pg.explain_backend(device)
             relay_backend, relay_reason = pg.explain_relay_backend(device)
             verdict = pg.verdict_for(device)

@@ -177,7 +177,8 @@ def release_rows(release: str) -> list:
     return rows
 
 
-def _cells(costs: dict) -> str:
+def cells(costs: dict) -> str:
+    """One cost column: device ops / D2H bytes / host syncs / WAR barrier."""
     barrier = "yes" if costs["barrier"] else "no"
     return f"{costs['device_ops']} / {costs['d2h_bytes']} / {costs['host_syncs']} / {barrier}"
 
@@ -212,6 +213,6 @@ def render_markdown(ranged: list) -> str:
         notes = "; ".join(r.notes)
         lines.append(f"| {releases} | {r.backend} | {r.algorithm} | "
                      f"{'read' if r.needs_host_lengths else 'opted out'} | "
-                     f"{_cells(r.upstream)} | {_cells(r.spec_fused)} | {verdict}"
+                     f"{cells(r.upstream)} | {cells(r.spec_fused)} | {verdict}"
                      f"{' (' + notes + ')' if notes else ''} |")
     return "\n".join(lines)

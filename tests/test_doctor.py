@@ -275,3 +275,42 @@ def test_backend_reason(monkeypatch, kernel, interpreted, device, env, expected)
     backend, reason = backend_mod.explain_backend(torch.device(device))
     assert backend == expected[0] and backend_mod.backend_for(device) == backend
     assert expected[1] in reason and expected[1] in doctor.backend_reason(device)
+
+
+def test_doctor_prints_each_rows_costs_beside_upstreams():
+    """Without flags: the installed release's rows with both cost columns, as the README's
+    table has them (literals read from SGLang 0.5.16+'s backends)."""
+    text = _run("doctor").stdout
+    rows = [" ".join(line.split()) for line in text.splitlines()]
+    assert ("flashinfer DFLASH read 3 / 8·pool / 1 / yes 1 / 8·(bs+2) / 1 / yes "
+            "helps: no pool-sized copy") in rows, text[-3000:]
+    assert ("fa3 DFLASH opted out 2 / 0 / 0 / yes 1 / 0 / 0 / yes nothing that matters "
+            "(upstream is GPU-only here)") in rows
+    assert "(device ops / D2H bytes / host syncs / WAR barrier)" in rows
+    assert "note (fa3, NGRAM): NGRAM forces host lengths on every backend" in rows
+
+
+def test_a_device_the_relay_does_not_engage_on_gets_a_row_saying_why(monkeypatch):
+    """XPU (torch knows the device type without a vendor package; NPU needs torch_npu's
+    rename of privateuseone, which a CPU test cannot undo)."""
+    import torch
+
+    kind = "xpu"
+    monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
+    rows = doctor.backends()
+    assert rows[kind]["relay"] == (f"SGLang's own path: {kind}: spec_fused's ordering was "
+                                   f"only ever run on NVIDIA CUDA and CPU")
+    assert rows[kind]["backend"] == "reference"
+    assert rows["cpu"]["relay"] == "fused relay"
+
+
+def test_a_rocm_gpu_gets_a_row_saying_sglangs_path_runs_there(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    row = doctor.backends()["cuda:0"]
+    assert row["relay"].startswith("SGLang's own path: ROCm (HIP): upstream takes HIP-only "
+                                   "branches"), row
+    assert row["canary"] is None  # nothing proven, nothing claimed
