@@ -161,6 +161,8 @@ def test_a_launch_hook_and_a_late_pre_run_hook_take_the_normal_path(kernel_launc
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_a_launch_from_another_current_device_runs_on_the_buffers():
+    """Needs two GPUs, so the lent one-GPU machine skips it; the switch itself is held on
+    a CPU stand-in (tests/test_direct_launch.py)."""
     pg = PublishGather(torch.zeros(16, dtype=torch.int64, device="cuda:0"))
     idx = torch.tensor([1, 2], device="cuda:0")
     with torch.cuda.device(1):
@@ -403,3 +405,46 @@ def test_the_gpu_only_path_never_syncs(patched, algo):
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert batch.seq_lens.cpu().tolist() == [21 + 4, 22 + 4, 23 + 4]
+
+
+# ------------------------------------------- where CUDA-only mutants survived (MUTATION.md)
+
+
+def test_the_launchers_state_lives_where_cuda_needs_it():
+    """What a CPU cannot tell apart (step_launcher mutants 38, 52, 450): the launcher's
+    sum on the buffer's device, the poison flag pinned (the host reads it zero-copy), the
+    empty result a real device pointer that aliases nothing."""
+    buf = torch.zeros((64,), dtype=torch.int64, device=DEV)
+    pg = PublishGather(buf, poison=True, validate=True, debug=True)
+    assert pg.out_sum.device == buf.device
+    assert pg._flag.is_pinned() and pg._flag.device.type == "cpu"
+    assert pg.empty_out.device == buf.device and pg.empty_out.numel() == 0
+    assert pg.empty_out.data_ptr() != 0 and pg.empty_out.data_ptr() != buf.data_ptr()
+
+
+def test_the_reference_rung_moves_staged_host_indices_to_the_device():
+    """Mutant 381: staged (pinned) gather indices reach the reference path on the
+    buffer's device. (382, the same copy made blocking, shows only as the host waiting.)"""
+    buf = torch.arange(64, dtype=torch.int64, device=DEV) * 3
+    pg = PublishGather(buf, backend="reference")
+    gi = pg.stage_host_indices(torch.tensor([5, 9, 2]))
+    assert gi.is_pinned()
+    pg.launch_checked(gi, None, None, False)  # the combination is now known
+    gi = pg.stage_host_indices(torch.tensor([7, 1]))
+    out = pg.launch(gi, None, None, False)
+    assert out.device == buf.device
+    assert out.cpu().tolist() == [21, 3]
+
+
+def test_debug_mode_checks_slot_values_on_cuda_too():
+    """Mutants 422/430: on a CPU every check is deep anyway; on CUDA only debug mode reads
+    the index values (a sync) - an out-of-range slot is refused before anything is
+    written."""
+    from spec_fused.kernels.checks import InputError
+
+    buf = torch.zeros((16,), dtype=torch.int64, device=DEV)
+    for debug in (dict(validate=True), dict(poison=True)):
+        pg = PublishGather(buf, **debug)
+        with pytest.raises(InputError):
+            pg.launch_checked(torch.tensor([3, 99], device=DEV), None, None, False)
+        assert torch.equal(buf.cpu(), torch.zeros(16, dtype=torch.int64))
