@@ -179,6 +179,27 @@ def test_no_claim_on_opted_out_backends_gives_the_batch_no_host_lengths(monkeypa
     assert (batch.seq_lens_cpu, batch.seq_lens_sum) == (None, None)
 
 
+@pytest.mark.parametrize("algo, needs_cpu, gives", [
+    ("EAGLE", True, True),    # a backend reads host lengths: upstream gives them
+    ("NGRAM", False, False),  # exact caps, but this FutureMap (unlike a server's) says no
+    ("NGRAM", True, True),
+])
+def test_unclaimed_exact_host_lengths_follow_upstreams_flag(algo, needs_cpu, gives,
+                                                             monkeypatch):
+    """Without an explicit claim the batch gets host lengths exactly where SGLang's own
+    FutureMap would: its ``needs_cpu_seq_lens`` (upstream forces it for NGRAM)."""
+    monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
+    fm = make_future_map(algo, CFG, needs_cpu_seq_lens=needs_cpu)
+    caps = relay_mod.future_map_caps(fm)
+    assert caps.host_seq_lens == "exact"
+    relay = relay_mod.FusedRelay(fm, caps, debug=False, ops=None)
+    assert relay.gives_host_lengths(fm) is gives
+    relay.publish(fm, torch.tensor([2]), torch.tensor([6]))
+    batch = decode_batch([2], CFG)
+    relay.resolve(fm, batch)
+    assert (batch.seq_lens_cpu is not None) is gives
+
+
 def test_each_distinct_refusal_is_logged_once(monkeypatch, caplog):
     """Once per refusal, not once per process: a second, different unsafe override (here
     under another algorithm) still gets its own line."""
