@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The two commands of the README:
 #   ./run.sh bench [args]   set up, then `spec-fused selftest` and the benchmarks (quick sweep
-#                           on a CPU machine); results in bench/results/<device>/
+#                           on a CPU machine); results in bench/results/<device>/, and on
+#                           CPU the README's results tables re-rendered from them
 #   ./run.sh test [--fast]  set up, then run the tests: the light tier (kernels under the
 #                           Triton interpreter, the real SGLang 0.5.23 FutureMap) and, unless
 #                           --fast, the compat tier: every supported SGLang release
@@ -25,7 +26,9 @@ case "$cmd" in
     [ "$#" -gt 0 ] || set -- --quick
     # correct here, and how fast here (CPU: the interpreter's times, said to be so)
     .venv/bin/python -m spec_fused selftest --quick --json bench/results/cpu/selftest.json
-    exec .venv/bin/python -m bench.run_all "$@"
+    .venv/bin/python -m bench.run_all "$@"
+    # the README shows the latest CPU results: re-render its tables from what was just written
+    exec .venv/bin/python scripts/readme_tables.py
     ;;
   test)
     fast=0
