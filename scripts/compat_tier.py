@@ -17,8 +17,8 @@ newer release the package index serves, which must run or be refused cleanly) th
    overlay, plus the release's own pins of transformers, tokenizers and xgrammar where
    they differ from the environment's (another small overlay); where the release's
    scheduler still does not import on a CPU the row says why;
-4. writes ``tests/compat/results.json``; ``table`` renders it as the README's
-   compatibility table.
+4. writes ``tests/compat/results.json`` and, on a full run, renders it into the README's
+   compatibility table (``table`` does that alone).
 
 ``record`` writes what the tier tested into the package: the fingerprints (signature and
 code) of every SGLang function the patch touches, per listed release
@@ -313,6 +313,10 @@ def cmd_run(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=1) + "\n")
     print(render(payload))
+    if not args.releases and out.resolve() == RESULTS.resolve():
+        # the README shows the committed results: keep it current with what was just written,
+        # so a second ./run.sh test finds README and results.json in step
+        cmd_table(argparse.Namespace(results=str(out), readme=str(ROOT / "README.md")))
     print(f"\ncompat tier: {len(rows)} releases, {sum(r['tests_run'] for r in rows)} tests "
           f"in {payload['wall_s']} s -> {out}")
     bad = [r["release"] for r in rows if not r["ok"] and r["status"] != "newer"]

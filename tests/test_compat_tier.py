@@ -96,6 +96,31 @@ def test_table_renders_every_row_and_lands_between_the_markers(tmp_path):
     assert text.rstrip().endswith("outro")
 
 
+@pytest.mark.parametrize("subset", [False, True])
+def test_a_full_run_keeps_the_readme_in_step_with_the_results_it_writes(tmp_path, monkeypatch,
+                                                                       subset):
+    """A second ./run.sh test must find README and results.json agreeing (the light tier
+    checks that), so the full run renders what it wrote; a one-release run leaves both."""
+    committed = json.loads((ROOT / "tests" / "compat" / "results.json").read_text())
+    rows = {row["release"]: row for row in committed["rows"]}
+    results, readme = tmp_path / "results.json", tmp_path / "README.md"
+    readme.write_text(f"intro\n{tier.BEGIN}\nold\n{tier.END}\noutro\n")
+    monkeypatch.setattr(tier, "RESULTS", results)
+    monkeypatch.setattr(tier, "ROOT", tmp_path)
+    monkeypatch.setattr(tier, "COMPAT_DIR", tmp_path)
+    monkeypatch.setattr(tier, "cmd_record", lambda args: 0)
+    monkeypatch.setattr(tier, "_installed", lambda py, names: {})
+    monkeypatch.setattr(tier, "test_release", lambda release, work: rows[release])
+    argv = ["--no-discover"] + (["--releases", TESTED_RELEASES[-1]] if subset else [])
+    assert tier.main(argv) == 0
+    assert json.loads(results.read_text())["rows"][-1]["release"] == TESTED_RELEASES[-1]
+    text = readme.read_text()
+    if subset:
+        assert "\nold\n" in text
+    else:
+        assert tier.render(json.loads(results.read_text())) in text and "\nold\n" not in text
+
+
 def test_the_committed_results_cover_the_list():
     committed = json.loads((ROOT / "tests" / "compat" / "results.json").read_text())
     rows = {r["release"]: r for r in committed["rows"]}
