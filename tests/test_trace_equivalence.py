@@ -155,6 +155,46 @@ def test_future_relay_buffers_adopted_and_graph_scattered_publishes(needs_cpu):
     assert got == want and got[1] is True
 
 
+@pytest.mark.skipif(not RELEASE.relay_buffers, reason="this release has no FutureRelayBuffers")
+@pytest.mark.parametrize("needs_cpu", [True, False])
+@pytest.mark.parametrize("swap_with_pending", [False, True])
+def test_buffers_adopted_after_the_relay_exists(needs_cpu, swap_with_pending):
+    """SGLang's own ``_adopt_relay`` called on a FutureMap already relaying (its relay made,
+    steps run): the relay launches into the new buffer from then on (the rebind), and a
+    publish still pending at the swap lands in the buffer it was made for, as upstream's
+    publish had already written it there (so the step after reads the new buffer's 7s)."""
+    cfg = TraceConfig(pool=32)
+
+    def adopt(fm):
+        offered = overlap_utils.FutureRelayBuffers(req_pool_size=cfg.pool, device="cpu")
+        offered.new_seq_lens.fill_(7)
+        fm._adopt_relay(offered)
+
+    def drive(fm):
+        seen = []
+        lens = torch.arange(cfg.pool, dtype=torch.int64) + 100
+        for step in range(6):
+            slots = torch.tensor([1, 2, 3 + step % 3])
+            if step == 3 and not swap_with_pending:
+                adopt(fm)
+            fm.publish(slots, lens[slots] + step)
+            if step == 3 and swap_with_pending:
+                adopt(fm)
+            batch = decode_batch(slots.tolist(), cfg)
+            fm.resolve_seq_lens_cpu(batch)
+            seen.append((batch.seq_lens.tolist(),
+                         None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist()))
+        # what the adopted buffer holds (the relay wrote into it, not into the old one)
+        return seen, fm.new_seq_lens_buf is fm._relay.new_seq_lens, \
+            fm._relay.new_seq_lens[1:6].tolist()
+
+    from spec_fused.traces import unpatched_then_patched
+
+    want, got = unpatched_then_patched(drive, "EAGLE", cfg, needs_cpu_seq_lens=needs_cpu)
+    assert got == want and got[1] is True
+    assert got[0][3][0] == ([7, 7, 7] if swap_with_pending else [104, 105, 103 + 3])
+
+
 @pytest.mark.skipif(not RELEASE.stream_ordered, reason="this release has no stream_ordered")
 @pytest.mark.parametrize("needs_cpu", [True, False])
 def test_the_stream_ordered_resolve_is_sglangs_after_the_pending_publish(needs_cpu):

@@ -317,6 +317,8 @@ def _buffer_property():
         return read_buffer(self)
 
     def setter(self, value):
+        if _relay.BUF_ATTR in self.__dict__:  # a swap (_adopt_relay): a pending publish
+            read_buffer(self)                 # lands in the buffer it was made for, as upstream's
         self.__dict__[_relay.BUF_ATTR] = value
         relay = self.__dict__.get(_relay.RELAY_ATTR)
         if relay is not None:
