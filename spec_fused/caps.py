@@ -15,7 +15,8 @@ Each claim keeps the layer that set it, because each is held to account on its o
 Layers, lowest first: the table below < the spec worker's own attributes
 (``needs_war_barrier``, ``host_seq_lens``: the hook the PR intended) < the attention
 backends (``needs_cpu_seq_lens``, host lengths only) - except that a worker speaks for
-itself, not for the backends: its ``"exact"`` stands where they opt out, and its
+itself, not for the backends: its ``"exact"`` stands where they opt out (and under
+what upstream forces, which it agrees with), and its
 ``"reserved"``/``"none"`` is refused where one reads host lengths - < what upstream forces (NGRAM and
 two-batch overlap: exact host lengths, which nothing below may lift) < the environment
 (``SPEC_FUSED_WAR_BARRIER``, ``SPEC_FUSED_HOST_SEQ_LENS``; a host-length override that
@@ -263,7 +264,9 @@ def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None
         who = type(worker).__name__
         if isinstance(barrier, bool):
             caps = caps.with_barrier(barrier, "worker", f"{who}.needs_war_barrier={barrier}")
-        if isinstance(host, str) and caps.host_source != "forced":
+        # a forced "exact" (NGRAM) still lets the worker say it plans with exact lengths,
+        # which then reach the batch whatever the backends need
+        if isinstance(host, str) and (caps.host_source != "forced" or host == "exact"):
             caps = caps.with_host(host, "worker", f"{who}.host_seq_lens={host!r}")
     if caps.host_source == "worker":
         # A worker (or a registered plugin algorithm) speaks for itself, not for the
@@ -276,7 +279,8 @@ def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None
     if backends_need is False and caps.host_source not in ("forced", "worker"):
         caps = caps.with_host("none", "backends",
                               "every attention backend sets needs_cpu_seq_lens=False")
-    if two_batch_overlap is not False:
+    if two_batch_overlap is not False and not (caps.host_source == "worker"
+                                               and caps.host_seq_lens == "exact"):
         caps = caps.with_host(
             "exact", "forced",
             "two-batch overlap splits batches on host lengths (upstream forces them)"

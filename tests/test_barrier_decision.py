@@ -91,3 +91,44 @@ def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(schedule
         assert "two-batch overlap" in relay.caps.why_host()
     else:
         assert relay.caps.host_source == "worker"
+
+
+@pytest.mark.parametrize("worker_host", [None, "exact", "reserved", "none"])
+@pytest.mark.parametrize("needs_cpu, tbo", BACKEND_TBO)
+@pytest.mark.parametrize("algorithm", ["EAGLE", "DFLASH", "NGRAM"])
+def test_traces_under_the_filed_caps_match_upstream(scheduler_cls, algorithm, needs_cpu, tbo,
+                                                    worker_host, monkeypatch):
+    """Not only the decision: a whole trace through the FutureMap whose caps the scheduler
+    filed (its worker's host-length claim, two-batch overlap as the release reads it)
+    equals upstream's. The reference is SGLang's own FutureMap given host lengths exactly
+    where the rule says the batch gets them: where its backends read them, and where a
+    worker said it plans with exact ones."""
+    from types import SimpleNamespace
+
+    from upstream_fixtures import barrier_calls, expected_host, make_scheduler, server_config
+
+    from spec_fused import relay as relay_mod
+    from spec_fused.traces import TraceConfig, make_future_map, run_trace
+
+    for name in ("SPEC_FUSED_HOST_SEQ_LENS", "SPEC_FUSED_WAR_BARRIER"):
+        monkeypatch.delenv(name, raising=False)
+    algo = SpeculativeAlgorithm[algorithm]
+    host_lengths = needs_cpu or worker_host == "exact"
+    cfg = TraceConfig(seed=7, pool=64, steps=25,
+                      p_mixed=0.15 if host_lengths == needs_cpu else 0.0)
+    worker = SimpleNamespace() if worker_host is None else \
+        SimpleNamespace(host_seq_lens=worker_host)
+    with server_config(tbo=tbo, algorithm=algorithm) as args:
+        sglang_patch.remove()
+        try:
+            want = run_trace(make_future_map(algo, cfg, needs_cpu_seq_lens=host_lengths), cfg)
+        finally:
+            sglang_patch.apply()
+        fm = make_future_map(algo, cfg, needs_cpu_seq_lens=needs_cpu)
+        barrier_calls(make_scheduler(scheduler_cls, algo, fm, worker=worker, server_args=args),
+                      True)
+        relay = relay_mod.relay_for(fm)
+        assert relay.host_seq_lens == expected_host(algorithm, needs_cpu=needs_cpu, tbo=tbo,
+                                                    worker=worker_host), relay.caps.explain()
+        got = run_trace(fm, cfg)
+    assert got == want

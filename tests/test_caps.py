@@ -89,6 +89,20 @@ def test_each_claim_keeps_its_own_source():
     assert (got.needs_war_barrier, got.barrier_source) == (False, "worker")
 
 
+@pytest.mark.parametrize("algorithm, tbo", [("NGRAM", False), ("EAGLE", True),
+                                              ("DFLASH", None)])
+def test_a_workers_exact_claim_survives_what_upstream_forces(algorithm, tbo):
+    """Upstream's forcing and the worker agree on exact; the worker's claim is kept as
+    the source, so its lengths reach the batch even where the backends opt out (the
+    relay gives a forced "exact" only where upstream's FutureMap asks for host lengths)."""
+    got = decide(algorithm, worker=_worker(host="exact"), attn_backends=[BackendsDecision(False)],
+                 two_batch_overlap=tbo, env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source, got.refused) == ("exact", "worker", ())
+    got = decide(algorithm, worker=_worker(host="none"), attn_backends=[BackendsDecision(False)],
+                 two_batch_overlap=tbo, env=NO_ENV)
+    assert (got.host_seq_lens, got.host_source) == ("exact", "forced")
+
+
 def test_unknown_two_batch_overlap_counts_as_on():
     got = decide("DFLASH", attn_backends=[BackendsDecision(True)], two_batch_overlap=None,
                  env=NO_ENV)

@@ -72,7 +72,8 @@ def expected_refusals(algorithm: str, *, needs_cpu: bool, tbo: bool,
                       worker: Optional[str] = None, env: Optional[str] = None) -> int:
     """How many host-length claims must be refused (each logged once): a worker's
     non-exact claim where a backend reads host lengths (NGRAM's forcing comes first, so
-    its worker is never asked), and an environment override that is not safe."""
+    only an exact claim of its worker counts, and that is never refused), and an
+    environment override that is not safe."""
     forced = algorithm == "NGRAM" or tbo
     worker_refused = worker not in (None, "exact") and needs_cpu and algorithm != "NGRAM"
     env_refused = env not in (None, "exact") and (forced or needs_cpu or worker == "exact")
