@@ -34,7 +34,7 @@ import torch
 from spec_fused import upstream
 from spec_fused.caps import SpecCaps, decide, select_variant
 from spec_fused.cuda_ops import ops_for, unsupported_device
-from spec_fused.kernels.backend import explain_relay_backend
+from spec_fused.kernels.backend import explain_relay_backend, ignored_force_backend
 from spec_fused.kernels.checks import (
     InputError,
     InputTypeError,
@@ -265,6 +265,7 @@ class FusedRelay:
             # upstream's consume-once check (0.5.16+, under its debug switch)
             assert fm._publish_fresh, "resolve without a fresh forward publish"
             fm._publish_fresh = False
+        # gives_host_lengths(fm), inline: this is the per-step path
         exact = self.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
         if exact and self.on_cuda:
             return self._resolve_exact_cuda(fm, batch, fi, event)
@@ -491,6 +492,7 @@ def relay_for(fm) -> Optional[FusedRelay]:
 
 
 def _warn_ignored_force_backend(relay: FusedRelay) -> None:
+    if ignored_force_backend() is None:
+        return
     _, why = explain_relay_backend(relay.device)
-    if "ignored" in why:
-        log_once(("force-backend", why), "%s", why)
+    log_once(("force-backend", why), "%s", why)

@@ -219,8 +219,9 @@ def _run(quick: bool, device: Optional[str]) -> dict:
     report = {"device": str(device), "versions": _versions(device), "quick": quick,
               "gpu_times": device.type == "cuda"}
     report["plugin"] = _plugin()
-    if report["plugin"]["ok"] and ignored_force_backend() is not None:
-        report["plugin"] = {"ok": False, "reason": f"bad override: {ignored_force_backend()}"}
+    ignored = ignored_force_backend()
+    if report["plugin"]["ok"] and ignored is not None:
+        report["plugin"] = {"ok": False, "reason": f"bad override: {ignored}"}
     if not report["plugin"]["ok"]:
         report.update(ok=False, verdict=report["plugin"]["reason"])
         return report

@@ -186,19 +186,23 @@ def _run_cases(launcher, stream, sync, *, lean: bool) -> int:
     base = torch.arange(launcher.buf.shape[0], dtype=torch.int64) * 7
     mirror = base.clone()
     launcher.buf.copy_(mirror)
+
+    def fresh():
+        if launcher.poison:
+            mirror.copy_(base)
+            launcher.buf.copy_(base)
+
     n = 0
     for step, case in enumerate(_CASES):
-        for path_lean in (False, True) if lean else (False,):
-            if launcher.poison:
-                mirror.copy_(base)
-                launcher.buf.copy_(base)
-            if not path_lean:
-                _check_case(launcher, mirror, case, step, False, stream, sync)  # compiles, binds
-            else:
-                try:
-                    _check_case(launcher, mirror, case, 100 + step, True, stream, sync)
-                except Exception as exc:
-                    raise _DirectLaunchFailed(f"{type(exc).__name__}: {exc}") from exc
+        fresh()
+        _check_case(launcher, mirror, case, step, False, stream, sync)  # compiles, binds
+        n += 1
+        if lean:
+            fresh()
+            try:
+                _check_case(launcher, mirror, case, 100 + step, True, stream, sync)
+            except Exception as exc:
+                raise _DirectLaunchFailed(f"{type(exc).__name__}: {exc}") from exc
             n += 1
     return n
 
