@@ -139,8 +139,8 @@ def _relay_provider(name, algorithm, device, needs_cpu, idx, vals, pool, *, fuse
     if backend is not None:
         relay.launcher.backend = backend
         relay._bind_launch()
-    if jit_only and relay.launcher._fast is not None:
-        relay.launcher._fast.blocked = "measure: kernel[grid] on purpose"
+    if jit_only:
+        relay.launcher.block_direct_launch("measure: kernel[grid] on purpose")
     batch = decode_batch(idx)
 
     def step():

@@ -129,8 +129,7 @@ def _check_trace(case, algorithm, needs_cpu, cfg, device) -> dict:
         except Exception as exc:  # a sync on a path that must not sync, or worse
             case.update(ok=False, why=f"{type(exc).__name__}: {str(exc)[:300]}")
             return case
-        case["direct_launch"] = bool(relay.launcher._fast is not None
-                                     and relay.launcher._fast.blocked is None)
+        case["direct_launch"] = relay.launcher.uses_direct_launch()
     finally:
         sglang_patch.remove()
     # SGLang's own FutureMap on the same trace; where the relay gives exact host lengths

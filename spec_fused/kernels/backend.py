@@ -239,8 +239,7 @@ def canary(device, *, debug: bool = False, make_launcher=None) -> Verdict:
             stream, sync = contextlib.nullcontext(), (lambda: None)
         launcher = make_launcher(scratch, backend)
         verdict.cases += _run_cases(launcher, stream, sync, lean=True)
-        fast = launcher._fast
-        verdict.direct = fast is not None and fast.blocked is None
+        verdict.direct = launcher.uses_direct_launch()
         return verdict
     except _DirectLaunchFailed as exc:
         verdict.notes.append(f"the direct launch failed the canary ({exc}): normal launch")
@@ -249,8 +248,7 @@ def canary(device, *, debug: bool = False, make_launcher=None) -> Verdict:
         return _on_reference(verdict, f"{type(exc).__name__}: {exc}")
     try:
         launcher = make_launcher(scratch, backend)
-        if launcher._fast is not None:
-            launcher._fast.block("the start-up canary failed the direct launch")
+        launcher.block_direct_launch("the start-up canary failed the direct launch")
         verdict.cases += _run_cases(launcher, stream, sync, lean=False)
     except Exception as exc:
         return _on_reference(verdict, f"{type(exc).__name__}: {exc}")

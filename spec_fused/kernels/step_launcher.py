@@ -116,6 +116,25 @@ class PublishGather:
         self.buf = buf
         self.backend = self._backend  # bound kernels keyed on the old buffer go
 
+    def uses_direct_launch(self) -> bool:
+        """Whether this launcher may take the direct launch at all (compiled Triton, not
+        blocked); :meth:`launches_directly` says whether one step would."""
+        return self._fast is not None and self._fast.blocked is None
+
+    def block_direct_launch(self, why: str) -> None:
+        """No direct launch from this launcher from now on (the reason is logged once)."""
+        if self._fast is not None:
+            self._fast.block(why)
+
+    def launches_directly(self, gi, pi, pv, host: bool) -> bool:
+        """Whether :meth:`launch` of these inputs would take the direct launch now (a
+        bound variant, and no launch hook, pre-run hook, compile or device switch in the
+        way): what the canary proves it ran, not what it was allowed to run."""
+        if self._fast is None or not self._fast.ready():
+            return False
+        bound = self._variant(gi, pi, pv, host)
+        return bound is not _UNSEEN and bound is not None
+
     def ensure_host_ring(self) -> None:
         """Allocate the stamped host ring (pinned on CUDA) now, e.g. before graph capture."""
         if self.ring is None:
