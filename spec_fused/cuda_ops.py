@@ -54,6 +54,15 @@ class CudaOps:
                 return stream
         raise RuntimeError("spec_fused: unable to allocate a stream distinct from SGLang's")
 
+    def external_event(self):
+        """An event whose record inside a CUDA-graph capture is an external node (it
+        records at every replay, and eager waits on it stay valid), or None where the
+        installed torch cannot make one."""
+        try:
+            return torch.cuda.Event(external=True)
+        except TypeError:  # torch without Event(external=...)
+            return None
+
     @staticmethod
     def handle(stream) -> int:
         return stream.cuda_stream

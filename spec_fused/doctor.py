@@ -313,6 +313,24 @@ def _devices() -> list[str]:
     return devices
 
 
+def relay_summary(device) -> str:
+    """What serves the relay on ``device``: SGLang's own path (and why), or the fused
+    relay - and, on a Confidential Computing host (SGLang's own check), that its exact
+    host lengths come from SGLang's resolve, as nothing may be pinned there."""
+    import torch
+
+    from spec_fused.relay import not_relayed_on
+    from spec_fused.upstream import confidential_compute
+
+    not_relayed = not_relayed_on(device)
+    if not_relayed:
+        return "SGLang's own path: " + not_relayed
+    if torch.device(device).type == "cuda" and confidential_compute():
+        return ("fused relay; exact host lengths from SGLang's resolve (Confidential "
+                "Computing, by SGLang's own check: nothing pinned)")
+    return "fused relay"
+
+
 def backends() -> dict:
     """``{device: {backend, reason, relay_backend, relay_reason}}`` for ``cpu``, every
     visible CUDA device, MPS, XPU and NPU: the public kernel's backend, and the relay's (the same,
@@ -336,15 +354,17 @@ def backends() -> dict:
             device = torch.device(dev)
             not_relayed = unsupported_device(device)
             if device.type == "cuda" and not_relayed is None:
-                # milliseconds: what the relay would prove before serving
-                pg.canary(device, debug=debug_enabled())
+                # what the relay would prove before serving (seconds on a cold Triton
+                # cache; the verdict says how long it took)
+                from spec_fused.kernels.canary import canary
+
+                canary(device, debug=debug_enabled())
             backend, reason = pg.explain_backend(device)
             relay_backend, relay_reason = pg.explain_relay_backend(device)
             verdict = pg.verdict_for(device)
             return {"backend": backend, "reason": reason,
                     "relay_backend": relay_backend, "relay_reason": relay_reason,
-                    "relay": "SGLang's own path: " + not_relayed if not_relayed
-                    else "fused relay",
+                    "relay": relay_summary(device),
                     "canary": verdict.describe() if verdict is not None else None}
 
         out[dev] = _safely(probe, lambda exc: {"backend": "unavailable",

@@ -34,7 +34,8 @@ import torch
 from spec_fused import upstream
 from spec_fused.caps import SpecCaps, decide, select_variant
 from spec_fused.cuda_ops import ops_for, unsupported_device
-from spec_fused.kernels.backend import explain_relay_backend, ignored_force_backend
+from spec_fused.faults import raise_if_sticky
+from spec_fused.kernels.backend import explain_relay_backend, ignored_force_backend, verdict_for
 from spec_fused.kernels.checks import (
     InputError,
     InputTypeError,
@@ -42,7 +43,7 @@ from spec_fused.kernels.checks import (
     StaleHostMirrorError,
 )
 from spec_fused.kernels.step_launcher import PublishGather
-from spec_fused.upstream import debug_enabled, sglang_tracks_seq_lens
+from spec_fused.upstream import confidential_compute, debug_enabled, sglang_tracks_seq_lens
 
 logger = logging.getLogger("spec_fused")
 
@@ -59,6 +60,11 @@ live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()  # for remove() t
 # launcher raises ValueError/TypeError for its own failures too - is the backend's.
 NOT_A_BACKEND_FAILURE = (InputError, InputTypeError, AssertionError, PoisonedSlotError,
                          StaleHostMirrorError)
+
+
+class HandToSGLang(Exception):
+    """This step is SGLang's: the relay landed what it had pending, and SGLang's own
+    method (``publish`` or ``resolve_seq_lens_cpu``) runs the step, as shipped."""
 
 
 def log_once(key, msg, *args, level=logging.WARNING) -> None:
@@ -116,8 +122,17 @@ class FusedRelay:
         self.ops = ops_for(buf.device) if ops is None else ops
         self.on_cuda = self.ops is not None
         backend, _ = explain_relay_backend(buf.device)
+        # Under Confidential Computing SGLang turns pinned memory off (host<->device
+        # copies go through a bounce buffer; cudaMallocHost memory is UVM-managed): the
+        # kernel's zero-copy host stores would fault or crawl there, so exact host
+        # lengths are SGLang's (see :meth:`resolve`) and nothing is pinned.
+        self.pinned_ok = not (self.on_cuda and confidential_compute())
+        if not self.pinned_ok:
+            log_once("cc", "Confidential Computing (SGLang's own check): exact host lengths "
+                     "come from SGLang's resolve; the fused launch serves the GPU-only steps",
+                     level=logging.INFO)
         self.launcher = PublishGather(buf, poison=debug, validate=debug, debug=debug,
-                                      backend=backend)
+                                      backend=backend, pinned=self.pinned_ok)
         self.set_caps(caps)
         self.pending: Optional[tuple] = None  # (indices, values) not yet in the buffer
         self.landed: Optional[tuple] = None  # the last consumed publish (see the class doc)
@@ -128,11 +143,13 @@ class FusedRelay:
         self.has_relay_buffers = hasattr(type(future_map), "_relay") or \
             "_relay" in future_map.__dict__
         self.relay_stream = self.done_event = self.relay_stream_ctx = None
+        self.capture_ready = None  # publish_ready for a publish under graph capture
         self._vetted: set = set()  # caller streams known not to be the private stream
         if self.on_cuda:
             self.relay_stream = self.ops.new_stream(set())
             self.done_event = self.ops.event()
             self.relay_stream_ctx = self.ops.stream_ctx(self.relay_stream)
+            self.capture_ready = self.ops.external_event()
         self._bind_launch()
         live_relays.add(self)
 
@@ -148,7 +165,7 @@ class FusedRelay:
         # host lengths: its needs_cpu_seq_lens, read per step as upstream reads it.
         self.exact_claimed = self.exact and caps.host_source in ("worker", "env")
         self.variant = select_variant(caps)
-        if self.exact and self.on_cuda:
+        if self.exact and self.on_cuda and self.pinned_ok:
             self.launcher.ensure_host_ring()
 
     def gives_host_lengths(self, fm) -> bool:
@@ -174,6 +191,7 @@ class FusedRelay:
             # gather would; what can still land of the pending publish does.
             self.settle_pending()
             raise exc
+        raise_if_sticky(exc, self.step_name("launch"), logger)
         if isinstance(exc, NOT_A_BACKEND_FAILURE) or \
                 self.launcher.backend in ("reference", "null"):
             raise exc
@@ -183,6 +201,13 @@ class FusedRelay:
         self.launcher.backend = "reference"
         self._bind_launch()
         return self._launch(gi, pi, pv, host)
+
+    def step_name(self, what: str) -> str:
+        """Which step a failure surfaced in, for the one line that names it."""
+        fm = self.future_map_ref()
+        algo = getattr(getattr(fm, "spec_algo", None), "name", "?")
+        return (f"spec_fused's fused {what} (relay step {self.launcher.step}, {algo}, "
+                f"{self.variant}, kernel: {self.launcher.backend}, device {self.device})")
 
     def _check_streams(self, fm, cur) -> None:
         """Before the private stream first runs work for a caller's stream ``cur``: it
@@ -236,20 +261,34 @@ class FusedRelay:
         """A publish made while a CUDA graph is captured lands at once, inside the
         capture, as upstream's scatter would: a deferred write would be made once, at
         capture time, and never at replay. A publish still pending from before the
-        capture is landed first, outside it, on the private stream."""
+        capture is landed first, outside it, on the private stream.
+
+        ``publish_ready`` becomes an *external* event: recorded in the capture it is a
+        node that records at every replay, and an eager ``wait()`` or ``synchronize()``
+        after the capture is valid (an ordinary event recorded in a capture is a captured
+        node: eager use may fail with ``cudaErrorCapturedEvent``, and replays would not
+        re-record it). Without external events in the installed torch, or for a variant
+        this launcher has not launched before (nothing may compile inside a capture),
+        the publish is SGLang's own. (SGLang 0.5.23 never publishes under capture.)"""
         if self.pending is not None:
             log_once("capture-pending", "a publish pending when CUDA-graph capture began was "
                      "landed outside the capture")
             self.flush(fence=False)
         empty = self.launcher.buf[:0]
+        ready = self.capture_ready
+        if ready is None or not self.launcher.has_variant(empty, indices, new_seq_lens, False):
+            log_once(("capture-sglang", ready is None),
+                     "a publish under CUDA-graph capture is SGLang's own (%s)",
+                     "this torch has no external events" if ready is None else
+                     "its launch variant was not compiled before the capture",
+                     level=logging.INFO)
+            raise HandToSGLang("publish under capture")
         try:
             self._launch(empty, indices, new_seq_lens, False)
         except Exception as exc:
             self._fall_back(exc, empty, indices, new_seq_lens, False)
-        event = fm.publish_ready
-        if event is None:
-            event = fm.publish_ready = self._new_event()
-        event.record()
+        fm.publish_ready = ready
+        ready.record()
         if self.consume_once_flag:
             fm._publish_fresh = True
 
@@ -261,14 +300,17 @@ class FusedRelay:
                 self.flush()
             return
         event = fm.publish_ready
-        if self.debug and self.consume_once_flag and event is not None:
-            # upstream's consume-once check (0.5.16+, under its debug switch)
-            assert fm._publish_fresh, "resolve without a fresh forward publish"
-            fm._publish_fresh = False
         # gives_host_lengths(fm), inline: this is the per-step path
         exact = self.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
         if exact and self.on_cuda:
-            return self._resolve_exact_cuda(fm, batch, fi, event)
+            gather = self._host_indices(batch, fi) if self.pinned_ok else None
+            if gather is None or event is None:
+                self._hand_back(fm, batch, gather, event)
+            if self.debug:
+                self._consume_once(fm, event)
+            return self._resolve_exact_cuda(fm, batch, gather, event)
+        if self.debug:
+            self._consume_once(fm, event)
         if event is not None:
             event.wait()  # as upstream, on every device: the stream waits, not the host
         pending = self.pending
@@ -288,22 +330,38 @@ class FusedRelay:
             batch.seq_lens_cpu = out
             batch.seq_lens_sum = int(out.sum())
 
-    def _resolve_exact_cuda(self, fm, batch, fi, event) -> None:
-        """A private stream gated on ``publish_ready`` runs the launch, which writes
-        ``bs + 1`` values into the pinned ring; the caller's stream waits for it on the
-        device and the host waits for its event only."""
+    def _consume_once(self, fm, event) -> None:
+        """Upstream's consume-once check (0.5.16+, under its debug switch)."""
+        if self.consume_once_flag and event is not None:
+            assert fm._publish_fresh, "resolve without a fresh forward publish"
+            fm._publish_fresh = False
+
+    def _hand_back(self, fm, batch, gather, event) -> None:
+        """An exact step the private stream cannot gate on ``publish_ready`` alone is
+        SGLang's: with no pinned host indices (the device ones were staged on the
+        schedule stream, which sits behind the WAR barrier - for EAGLE, the whole
+        forward), with no publish yet, or under Confidential Computing. What is pending
+        lands first, gated on ``publish_ready`` only; SGLang's resolve then waits for
+        ``publish_ready``, as upstream does - never for the forward's reads."""
+        why = ("Confidential Computing" if not self.pinned_ok else
+               "no publish yet" if event is None else
+               "the batch has no host indices matching future_indices")
+        self.flush()
+        if self.pinned_ok:  # under CC the relay said so once, when it was made
+            log_once(("hand-back", why), "exact host lengths with %s: SGLang's own resolve "
+                     "runs such steps", why, level=logging.INFO)
+        raise HandToSGLang(why)
+
+    def _resolve_exact_cuda(self, fm, batch, gather, event) -> None:
+        """A private stream gated on ``publish_ready`` only runs the launch, which reads
+        the pinned host indices ``gather`` and writes ``bs + 1`` values into the pinned
+        ring; the caller's stream waits for it on the device and the host waits for its
+        event only."""
         cur = self.ops.current_stream()
         if self.ops.handle(cur) not in self._vetted:
             self._check_streams(fm, cur)
         stream = self.relay_stream
-        gather = self._host_indices(batch, fi)
-        if gather is None or event is None:
-            # The device indices were staged on the schedule stream; and with no publish
-            # yet (start-up) there is no event: order behind the schedule stream instead.
-            stream.wait_stream(cur)
-            gather = fi if gather is None else gather
-        if event is not None:
-            stream.wait_event(event)
+        stream.wait_event(event)
         pending = self.pending
         pi, pv = pending or (None, None)
         try:
@@ -422,14 +480,19 @@ class FusedRelay:
         if self.pending is None:
             return
         indices, values = self.pending
-        self.pending = None
         try:
-            self.fence_current_stream()
+            try:
+                # Fence while ``pending`` still names the publish: the caller's stream,
+                # which writes from its forward-stream tensors, is record_stream'd on them.
+                self.fence_current_stream()
+            finally:
+                self.pending = None
             self.launcher.buf[indices.long()] = values.to(self.launcher.buf.dtype)
             fm = self.future_map_ref()
             if self.on_cuda and fm is not None and fm.publish_ready is not None:
                 fm.publish_ready.record()
         except Exception as exc:
+            raise_if_sticky(exc, self.step_name("landing of a pending publish"), logger)
             log_once(("unlandable", type(exc).__name__),
                      "a publish that cannot land was dropped (%s: %s)", type(exc).__name__, exc)
 
@@ -445,6 +508,17 @@ class FusedRelay:
         for t in self.pending or ():
             if t is not None:
                 self.ops.record_stream(t, cur)
+
+
+def not_relayed_on(device) -> Optional[str]:
+    """Why the relay does not engage on ``device`` (SGLang's own path runs), or None: a
+    device it does not run on, or one whose start-up canary faulted in its child."""
+    why = unsupported_device(device)
+    if why is None:
+        proven = verdict_for(device)
+        if proven is not None and proven.refused:
+            why = f"{proven.device}: {proven.notes[0]}"
+    return why
 
 
 def relay_for(fm) -> Optional[FusedRelay]:
@@ -464,7 +538,7 @@ def relay_for(fm) -> Optional[FusedRelay]:
         for attr in (BUF_ATTR, "needs_cpu_seq_lens", "publish_ready", "spec_algo"):
             if not hasattr(fm, attr):
                 raise AttributeError(f"FutureMap has no attribute {attr!r}")
-        unsupported = unsupported_device(d[BUF_ATTR].device)
+        unsupported = not_relayed_on(d[BUF_ATTR].device)
         if unsupported is not None:
             log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
                      unsupported)
@@ -476,6 +550,7 @@ def relay_for(fm) -> Optional[FusedRelay]:
         log_once(("caps", str(fm.spec_algo)), "%s; SGLang's relay runs", str(exc).strip('"'))
         return None
     except Exception as exc:
+        raise_if_sticky(exc, "spec_fused's relay set-up for a FutureMap", logger)
         log_once(("init", type(exc).__name__, str(exc)),
                  "cannot relay this FutureMap (%s: %s); SGLang's relay runs",
                  type(exc).__name__, exc)

@@ -211,10 +211,13 @@ def run(*, quick: bool = False, device: Optional[str] = None) -> dict:
 
 
 def _run(quick: bool, device: Optional[str]) -> dict:
-    from spec_fused.kernels.backend import canary, explain_backend, ignored_force_backend
+    from spec_fused.kernels.backend import device_key, explain_backend, ignored_force_backend
+    from spec_fused.kernels.canary import canary, child_canary
 
     t0 = time.perf_counter()
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    # One key per physical device: the verdict proven here is the one the relay reads.
+    device = torch.device(device_key(device or ("cuda" if torch.cuda.is_available()
+                                                else "cpu")))
     report = {"device": str(device), "versions": _versions(device), "quick": quick,
               "gpu_times": device.type == "cuda"}
     report["plugin"] = _plugin()
@@ -226,9 +229,18 @@ def _run(quick: bool, device: Optional[str]) -> dict:
         return report
     from spec_fused.upstream import debug_enabled
 
+    # As a server starts: the canary in a child process first (a fault costs the child),
+    # then in this one - each with what it cost here.
+    child = child_canary(device, debug=debug_enabled())
+    if child["fault"]:
+        report["canary"] = {"child": child, "describe": f"child process: {child['fault']}"}
+        report.update(ok=False, verdict=f"the fused kernel faulted here ({child['fault']}): "
+                                        f"a server leaves this device to SGLang's own relay")
+        return report
     verdict = canary(device, debug=debug_enabled())  # as the server's prewarm runs it
     report["canary"] = {"backend": verdict.backend, "direct": verdict.direct,
                         "cases": verdict.cases, "notes": verdict.notes,
+                        "seconds": verdict.seconds, "child": child,
                         "describe": verdict.describe()}
     report["backend"] = explain_backend(device)[1]
     seeds = (0, 1) if quick else (0, 1, 2, 3)
@@ -283,7 +295,7 @@ def render(report: dict) -> str:
            f"{v.get('driver')}", f"  plugin: {report['plugin']['reason']}"]
     if "canary" in report:
         out.append(f"  canary: {report['canary']['describe']}")
-        out.append(f"  backend: {report['backend']}")
+        out.append(f"  backend: {report.get('backend', '-')}")
     cases = report.get("correctness", [])
     if cases:
         out += ["", "Correctness (random traces, patched vs SGLang's own FutureMap)",

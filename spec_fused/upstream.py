@@ -24,10 +24,12 @@ import os
 from typing import Optional
 
 __all__ = [
+    "confidential_compute",
     "debug_enabled",
     "fences_own_shared_writes",
     "module_source",
     "plans_with_reserved_bound",
+    "scheduler_gpu_id",
     "two_batch_overlap",
 ]
 
@@ -188,3 +190,32 @@ def sglang_poisons_seq_lens() -> bool:
             overlap_utils.FutureMap.__init__)
     except Exception:
         return False
+
+
+def confidential_compute() -> bool:
+    """Whether SGLang runs this host as NVIDIA Confidential Computing, by SGLang's own
+    check (``sglang.srt.utils.common.is_confidential_compute``, overridable with
+    ``SGLANG_FORCE_CONFIDENTIAL_COMPUTE``): SGLang turns pinned memory off there. A
+    release without the check pins memory under CC itself: False."""
+    try:
+        from sglang.srt.utils.common import is_confidential_compute
+    except Exception:
+        return False
+    try:
+        return bool(is_confidential_compute())
+    except Exception:
+        return False
+
+
+def scheduler_gpu_id() -> Optional[int]:
+    """This scheduler process's GPU, before the scheduler is built: 0.5.23 publishes it
+    in its runtime context (``run_scheduler_process`` -> ``publish``) before it calls
+    ``Scheduler(server_args, port_args)``; older releases pass ``gpu_id`` to
+    ``Scheduler.__init__`` instead (read there). None where neither says."""
+    try:
+        from sglang.srt.runtime_context import get_device
+
+        gpu_id = get_device().gpu_id
+    except Exception:
+        return None
+    return gpu_id if isinstance(gpu_id, int) else None

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.gpu,
 from spec_fused import relay as relay_mod  # noqa: E402
 from spec_fused.integration import sglang_patch  # noqa: E402
 from spec_fused.kernels import backend as backend_mod  # noqa: E402
+from spec_fused.kernels import canary as canary_mod  # noqa: E402
 from spec_fused.kernels import publish_gather as kernel  # noqa: E402
 from spec_fused.kernels.checks import PoisonedSlotError  # noqa: E402
 from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference  # noqa: E402
@@ -88,9 +89,9 @@ def test_poison_on_gpu_is_reported_after_a_sync():
 
 def test_the_canary_proves_the_direct_launch_here():
     backend_mod._verdicts.clear()
-    verdict = backend_mod.canary(DEV)
+    verdict = canary_mod.canary(DEV)
     assert verdict.backend == "triton" and verdict.direct, verdict.describe()
-    assert not verdict.downgraded and verdict.cases == 2 * len(backend_mod._CASES)
+    assert not verdict.downgraded and verdict.cases == 2 * len(canary_mod.CASES)
 
 
 def test_bound_direct_launch_matches_the_reference_one_launch_per_step(kernel_launches):
@@ -265,10 +266,19 @@ def test_a_publish_under_graph_capture_lands_at_every_replay(patched):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fm.publish(idx, vals)
-    assert relay_mod.relay_for(fm).pending is None
+    relay = relay_mod.relay_for(fm)
+    assert relay.pending is None and fm.publish_ready is relay.capture_ready  # external
+    # Eager use of publish_ready right after the capture (no replay yet): valid, where an
+    # ordinary event recorded in a capture may raise cudaErrorCapturedEvent.
+    # (SGLang 0.5.23 never publishes under capture; this is what a release that does gets.)
+    fm.resolve_seq_lens_cpu(decode_batch([3, 4], cfg, device=DEV))
+    fm.publish_ready.synchronize()
     for k in range(3):
         vals.copy_(torch.tensor([100 + k, 200 + k]))
         graph.replay()
+        batch = decode_batch([3, 4], cfg, device=DEV)
+        fm.resolve_seq_lens_cpu(batch)  # ordered after the replayed publish by the event
+        assert batch.seq_lens.cpu().tolist() == [100 + k, 200 + k]
         torch.cuda.synchronize()
         assert fm.__dict__["new_seq_lens_buf"][3:5].cpu().tolist() == [100 + k, 200 + k]
 
@@ -448,3 +458,114 @@ def test_debug_mode_checks_slot_values_on_cuda_too():
         with pytest.raises(InputError):
             pg.launch_checked(torch.tensor([3, 99], device=DEV), None, None, False)
         assert torch.equal(buf.cpu(), torch.zeros(16, dtype=torch.int64))
+
+
+# ----------------------------------------------------------------------- first contact
+
+_FAULTING_CHILD = """
+import json, torch, triton, triton.language as tl
+from spec_fused.faults import is_sticky_fault
+
+@triton.jit
+def far_store(ptr):
+    tl.store(ptr + tl.full([1], 1 << 40, tl.int64), tl.full([1], 1, tl.int64))
+
+x = torch.zeros(1, dtype=torch.int64, device="cuda")
+seen = []
+for step in ("fault", "next launch"):
+    try:
+        far_store[(1,)](x)
+        torch.cuda.synchronize()
+    except Exception as exc:
+        seen.append({"step": step, "sticky": is_sticky_fault(exc), "type": type(exc).__name__,
+                     "text": str(exc).splitlines()[0][:200]})
+print(json.dumps({"seen": seen}))
+"""
+
+
+def test_a_real_sticky_fault_is_recognised_as_one():
+    """What a real illegal address raises here - at the synchronize, and from the next
+    launch on the dead context - is what spec_fused.faults calls sticky."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FAULTING_CHILD], capture_output=True,
+                          text=True, timeout=120)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])["seen"]
+    assert seen and all(s["sticky"] for s in seen), seen
+
+
+def test_a_kernel_that_faults_in_the_child_canary_leaves_the_gpu_to_sglang():
+    import sys
+
+    backend_mod._verdicts.clear()
+    try:
+        report = canary_mod.child_canary(DEV, command=[sys.executable, "-c",
+                                                       _FAULTING_CHILD + "\nraise SystemExit(3)"])
+        assert report["fault"] and relay_mod.not_relayed_on(DEV) is not None
+        assert torch.ones(4, device=DEV).sum().item() == 4  # this process's context lives
+    finally:
+        backend_mod._verdicts.clear()
+        canary_mod._child_reports.clear()
+
+
+def test_the_child_canary_proves_this_gpu_and_says_what_it_cost():
+    backend_mod._verdicts.clear()
+    try:
+        report = canary_mod.child_canary(DEV)
+        assert report["ok"] and report["verdict"]["backend"] == "triton", report
+        assert report["verdict"]["direct"], report
+        assert report["seconds"] > 0 and report["gpu_bytes"] is not None
+        verdict = canary_mod.canary(DEV)
+        assert verdict.child is report and "MiB of GPU memory" in verdict.describe()
+    finally:
+        backend_mod._verdicts.clear()
+        canary_mod._child_reports.clear()
+
+
+def test_selftests_verdict_is_the_one_the_relay_reads(patched):
+    backend_mod._verdicts.clear()
+    verdict = canary_mod.canary(torch.device("cuda"))
+    fm = make_future_map("EAGLE", TraceConfig(pool=64), device=DEV)
+    relay_mod.relay_for(fm)
+    assert backend_mod.verdict_for(fm.__dict__["new_seq_lens_buf"].device) is verdict
+
+
+@pytest.mark.parametrize("needs_cpu", [True, False])
+def test_without_host_indices_sglangs_resolve_runs_the_step_on_real_streams(patched,
+                                                                            needs_cpu):
+    cfg = TraceConfig(pool=64)
+    fm = make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=needs_cpu)
+    fm.publish(torch.tensor([3, 4], device=DEV), torch.tensor([30, 40], device=DEV))
+    batch = decode_batch([3, 4], cfg, device=DEV)
+    batch.req_pool_indices_cpu = None
+    fm.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens.cpu().tolist() == [30, 40]
+    if needs_cpu:
+        assert batch.seq_lens_cpu.tolist() == [30, 40] and batch.seq_lens_sum == 70
+    assert fm.__dict__[relay_mod.RELAY_ATTR] is not None
+
+
+def test_confidential_computing_pins_nothing_and_serves_sglangs_exact_lengths(monkeypatch):
+    from sglang.srt.utils import common as sglang_common
+
+    monkeypatch.setenv("SGLANG_FORCE_CONFIDENTIAL_COMPUTE", "1")
+    sglang_common.is_confidential_compute.cache_clear()
+    cfg = TraceConfig(seed=4, steps=30, pool=64)
+    try:
+        want = run_trace(make_future_map("EAGLE", cfg, device=DEV), cfg)
+        relay_mod._logged.clear()
+        sglang_patch.apply()
+        try:
+            fm = make_future_map("EAGLE", cfg, device=DEV)
+            got = run_trace(fm, cfg)
+            relay = fm.__dict__[relay_mod.RELAY_ATTR]
+        finally:
+            sglang_patch.remove()
+    finally:
+        monkeypatch.delenv("SGLANG_FORCE_CONFIDENTIAL_COMPUTE")
+        sglang_common.is_confidential_compute.cache_clear()
+    assert got == want
+    assert not relay.pinned_ok and relay.launcher.ring is None
+

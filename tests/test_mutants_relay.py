@@ -39,27 +39,10 @@ def _messages(caplog):
     return [r.getMessage() for r in caplog.records if r.name == "spec_fused"]
 
 
-class Ops(FakeOps):
-    """FakeOps whose stream contexts can be entered again (as ``torch.cuda.stream``'s can:
-    the relay binds its private stream's context once)."""
-
-    def stream_ctx(self, stream):
-        ops = self
-
-        class Ctx:
-            def __enter__(self):
-                self.saved, ops.current = ops.current, stream
-
-            def __exit__(self, *exc):
-                ops.current = self.saved
-
-        return Ctx()
-
-
 def _relay(caps=EXACT, *, ops="fake", debug=False, fm=None, algo="EAGLE", needs_cpu=True):
     """A FusedRelay on an unpatched FutureMap, driven directly."""
     fm = fm if fm is not None else make_future_map(algo, CFG, needs_cpu_seq_lens=needs_cpu)
-    ops = Ops() if ops == "fake" else ops
+    ops = FakeOps() if ops == "fake" else ops
     return relay_mod.FusedRelay(fm, caps, debug=debug, ops=ops), fm, ops
 
 
@@ -374,7 +357,7 @@ def test_each_kind_of_kernel_failure_is_logged_once_with_the_device(caplog):
 
 
 def test_the_private_stream_is_redrawn_when_it_is_futuremaps_d2h_stream():
-    ops = Ops(relay_handles=(7, 5))
+    ops = FakeOps(relay_handles=(7, 5))
     fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
     fm.fwd_prepare_d2h_stream = FakeStream("d2h", ops.log, 7)
     relay = relay_mod.FusedRelay(fm, EXACT, debug=False, ops=ops)
@@ -407,17 +390,30 @@ def test_a_captured_publish_runs_on_the_kernel_and_logs_the_pending_one_once(cap
                                  "was landed outside the capture"]
 
 
-def test_a_bad_captured_publish_raises_the_clear_error_and_keeps_the_kernel(caplog):
-    from spec_fused.kernels.checks import InputTypeError
+def _warm_publish_variant(relay, fm, ops, values_dtype=torch.int64):
+    """Launch the publish-only variant once, eagerly, as a flush does before a capture."""
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([9]), torch.tensor([90], dtype=values_dtype))
+    relay.flush()
+    ops.log.clear()
 
+
+def test_a_captured_publish_of_a_variant_never_launched_is_sglangs_own(caplog):
+    """Nothing compiles, and no full check runs, inside a capture: a variant this
+    launcher has not launched eagerly before is left to SGLang's publish (here, float
+    values, which SGLang's own publish casts), and the kernel stays."""
     relay, fm, ops = _relay()
     backend = relay.launcher.backend
     ops.capturing_now = True
     with caplog.at_level(logging.INFO, logger="spec_fused"):
-        with pytest.raises(InputTypeError, match="publish_values must be an integer tensor"):
+        with pytest.raises(relay_mod.HandToSGLang, match="publish under capture"):
             with ops.on(ops.forward):
                 relay.publish(fm, torch.tensor([1]), torch.tensor([1.5]))
-    assert relay.launcher.backend == backend and _messages(caplog) == []
+    assert relay.launcher.backend == backend and relay.pending is None
+    assert ops.log == []  # not launched, not recorded: SGLang's publish does both
+    assert _messages(caplog) == ["spec_fused: a publish under CUDA-graph capture is "
+                                 "SGLang's own (its launch variant was not compiled before "
+                                 "the capture)"]
 
 
 # ----------------------------------------------------------------------------- resolve
@@ -428,6 +424,8 @@ def test_an_empty_exact_resolve_gives_what_upstream_gives():
     upstream_batch = decode_batch([], CFG)
     want.resolve_seq_lens_cpu(upstream_batch)
     relay, fm, ops = _relay()
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
     batch = decode_batch([], CFG)
     relay.resolve(fm, batch)
     assert batch.seq_lens_cpu.dtype == upstream_batch.seq_lens_cpu.dtype == torch.int64
@@ -438,15 +436,18 @@ def test_an_empty_exact_resolve_gives_what_upstream_gives():
 @pytest.mark.parametrize("host", [torch.tensor([5, 6, 7]), torch.tensor([5.0, 6.0]),
                                   torch.tensor([[5, 6]]), [5, 6]])
 def test_host_indices_that_are_not_the_batchs_own_are_not_gathered_from(host):
-    """Only a 1-D integer CPU copy of ``future_indices``, as long as it, is staged."""
+    """Only a 1-D integer CPU copy of ``future_indices``, as long as it, is staged; any
+    other exact step is SGLang's, after the pending publish landed - gated on
+    ``publish_ready``, never on the schedule stream."""
     relay, fm, ops = _relay()
     with ops.on(ops.forward):
         relay.publish(fm, torch.tensor([1, 2, 5, 6, 7]), torch.tensor([10, 20, 50, 60, 70]))
     batch = decode_batch([1, 2], CFG)
     batch.req_pool_indices_cpu = host
-    relay.resolve(fm, batch)
-    assert batch.seq_lens.tolist() == [10, 20] and batch.seq_lens_cpu.tolist() == [10, 20]
-    assert (relay.relay_stream.name, "wait_stream", "schedule") in ops.log
+    with pytest.raises(relay_mod.HandToSGLang, match="no host indices"):
+        relay.resolve(fm, batch)
+    assert relay.pending is None and fm.new_seq_lens_buf[[1, 2, 5]].tolist() == [10, 20, 50]
+    assert not [e for e in ops.log if e[1] == "wait_stream"]
 
 
 def test_debug_mode_checks_the_host_indices_against_future_indices():
@@ -464,7 +465,7 @@ def test_debug_mode_checks_the_host_indices_against_future_indices():
 
 
 def test_a_flush_before_any_resolve_runs_on_a_stream_none_of_sglangs():
-    ops = Ops(relay_handles=(2, 5))  # the first draw aliases the forward stream (2)
+    ops = FakeOps(relay_handles=(2, 5))  # the first draw aliases the forward stream (2)
     relay, fm, _ = _relay(ops=ops)
     with ops.on(ops.forward):
         relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
@@ -668,7 +669,7 @@ def prewarm_calls(monkeypatch):
     from spec_fused.kernels import backend as backend_mod
 
     calls = []
-    monkeypatch.setattr(backend_mod, "prewarm",
+    monkeypatch.setattr(sglang_patch, "prewarm",
                         lambda device, debug: calls.append((str(device), debug)))
     monkeypatch.setattr(sglang_patch, "_prewarmed", set())
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
@@ -698,12 +699,10 @@ def test_the_prewarm_proves_the_debug_launcher_in_debug_mode(prewarm_calls, monk
 
 
 def test_a_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, caplog):
-    from spec_fused.kernels import backend as backend_mod
-
     def fail(device, debug):
         raise RuntimeError("no compiler")
 
-    monkeypatch.setattr(backend_mod, "prewarm", fail)
+    monkeypatch.setattr(sglang_patch, "prewarm", fail)
     eagle = SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         sglang_patch.prewarm_for(eagle, torch.zeros(4).as_subclass(_OnCuda))
@@ -749,9 +748,10 @@ def test_a_captured_publish_whose_kernel_fails_lands_on_the_reference(monkeypatc
     from spec_fused.kernels import publish_gather as pg
 
     relay, fm, ops = _relay()
-    monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
-    relay.launcher.backend = relay.launcher.backend  # drop variants bound to the kernel
-    relay._bind_launch()
+    _warm_publish_variant(relay, fm, ops)
+    # the kernel the warmed variant launches now fails (the reference is pg's own)
+    monkeypatch.setattr(relay.launcher, "_impl",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
     ops.capturing_now = True
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         with ops.on(ops.forward):
@@ -765,6 +765,7 @@ def test_a_captured_publish_arms_consume_once_as_upstreams_publish_does():
     upstream_fm.publish(torch.tensor([4]), torch.tensor([40]))
     relay, fm, ops = _relay()
     assert relay.consume_once_flag
+    _warm_publish_variant(relay, fm, ops)
     fm._publish_fresh = False
     ops.capturing_now = True
     with ops.on(ops.forward):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fake_triton import FakeCompiled, ReadyFast, bound_launcher
 
-from spec_fused.kernels import checks
+from spec_fused.kernels import checks, step_launcher
 from spec_fused.kernels.checks import InputError, StaleHostMirrorError
 from spec_fused.kernels.publish_gather import publish_gather_reference
 from spec_fused.kernels.step_launcher import PublishGather
@@ -264,7 +264,7 @@ def test_compiled_triton_binds_a_direct_launch_unless_the_canary_disproved_it(mo
 
     monkeypatch.setattr(direct_launch, "FastLaunch", _FastLaunch)
     proven = None if verdict is None else backend_mod.Verdict("cuda:0", "triton", **verdict)
-    monkeypatch.setattr(backend_mod, "verdict_for", lambda device: proven)
+    monkeypatch.setattr(step_launcher, "verdict_for", lambda device: proven)
     pg = _pretend_cuda(PublishGather(_buf(), backend="reference"), device_index=3)
     pg.backend = "triton"
     assert isinstance(pg._fast, _FastLaunch) and pg._fast.device_index == 3

@@ -69,13 +69,18 @@ class FakeOps:
     def capturing(self):
         return self.capturing_now
 
-    @contextlib.contextmanager
     def stream_ctx(self, stream):
-        saved, self.current = self.current, stream
-        try:
-            yield
-        finally:
-            self.current = saved
+        """Re-enterable, as ``torch.cuda.stream``'s (the relay binds its context once)."""
+        ops = self
+
+        class Ctx:
+            def __enter__(self):
+                self.saved, ops.current = ops.current, stream
+
+            def __exit__(self, *exc):
+                ops.current = self.saved
+
+        return Ctx()
 
     def on(self, stream):
         return self.stream_ctx(stream)
@@ -83,6 +88,10 @@ class FakeOps:
     def event(self):
         self._events += 1
         return FakeEvent(f"event{self._events}", self)
+
+    def external_event(self):
+        self._events += 1
+        return FakeEvent(f"external{self._events}", self)
 
     def new_stream(self, avoid):
         for handle in self._handles:
@@ -141,14 +150,27 @@ def test_exact_lengths_wait_for_the_publish_only_and_the_host_for_one_launch(fak
     assert batch.seq_lens_cpu.tolist() == [10, 20] and batch.seq_lens_sum == 30
 
 
-def test_without_pinned_host_indices_the_private_stream_orders_behind_the_schedule(fake):
+def test_without_pinned_host_indices_the_step_is_sglangs_never_behind_the_schedule(fake):
+    """Gathering through device indices would order the private stream behind the
+    schedule stream, which sits behind the WAR barrier: the host would wait for the
+    forward's reads where upstream waits for ``publish_ready`` only. So the pending
+    publish lands, gated on ``publish_ready``, and SGLang's own resolve runs the step."""
+    ops = fake.ops
     batch = decode_batch([1, 2], CFG)
     batch.req_pool_indices_cpu = None
     fake.fm.resolve_seq_lens_cpu(batch)
     relay = fake.relay.relay_stream.name
-    assert fake.ops.log[:2] == [(relay, "wait_stream", "schedule"),
-                                (relay, "wait_event", fake.ready)]
-    assert batch.seq_lens_cpu.tolist() == [10, 20]
+    assert ops.log == [
+        (relay, "wait_event", fake.ready),
+        (relay, "record_stream"), (relay, "record_stream"),
+        (relay, "launch", "device"),             # the pending publish lands ...
+        (relay, "record", fake.ready),           # ... and publish_ready follows it
+        ("schedule", "wait_event", fake.ready),  # the caller's stream, on the device
+        ("schedule", "wait_event", fake.ready),  # SGLang's resolve: its own wait
+    ]
+    assert not [e for e in ops.log if e[1] == "wait_stream"]
+    assert batch.seq_lens.tolist() == [10, 20] and batch.seq_lens_cpu.tolist() == [10, 20]
+    assert fake.relay.pending is None and fake.fm.__dict__[relay_mod.RELAY_ATTR] is fake.relay
 
 
 def test_gpu_only_lengths_wait_on_the_device_and_launch_on_the_callers_stream(fake):
@@ -198,14 +220,19 @@ def test_a_second_publish_orders_the_forward_behind_the_landed_first(fake):
 
 
 def test_a_publish_under_graph_capture_lands_at_once_in_the_capture(fake):
+    """The capture's ``publish_ready`` is an external event: recorded in the capture it
+    records at every replay, and eager waits on it after the capture stay valid."""
     ops, fm, relay = fake.ops, fake.fm, fake.relay
-    fm.resolve_seq_lens_cpu(decode_batch([1, 2], CFG))  # consume the pending publish
+    fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # lands it: publish-only
     ops.log.clear()
     ops.capturing_now = True
     with ops.on(ops.forward):
         fm.publish(torch.tensor([4]), torch.tensor([40]))
     assert relay.pending is None  # never deferred: a deferred write would not replay
-    assert ops.log == [("forward", "launch", "device"), ("forward", "record", fake.ready)]
+    external = relay.capture_ready.name
+    assert external.startswith("external")
+    assert ops.log == [("forward", "launch", "device"), ("forward", "record", external)]
+    assert fm.publish_ready is relay.capture_ready
     assert fm.__dict__["new_seq_lens_buf"][4] == 40
 
 
@@ -221,7 +248,7 @@ def test_a_publish_pending_when_capture_begins_lands_outside_it(fake):
         (relay_name, "launch", "device"),        # the pending publish, outside the capture
         (relay_name, "record", fake.ready),
         ("forward", "launch", "device"),         # the captured one, in it
-        ("forward", "record", fake.ready),
+        ("forward", "record", relay.capture_ready.name),  # an external event
     ]  # and no wait of the capturing stream on an event recorded outside the capture
     assert fm.__dict__["new_seq_lens_buf"][[1, 2, 4]].tolist() == [10, 20, 40]
 
@@ -268,3 +295,32 @@ def test_every_caller_stream_is_vetted_before_the_private_stream_runs_its_work(m
         assert relay.relay_stream.cuda_stream == 5
         assert ops.log[0] == ("relay5", "wait_stream", "relay1")  # after the old one's work
         assert batch.seq_lens_cpu.tolist() == [10, 20]
+
+
+def test_landing_with_plain_torch_fences_before_it_forgets_the_publish(fake):
+    """``settle_pending`` (a hand-back's last landing) orders the caller's stream after
+    ``publish_ready`` and keeps the pending publish's forward-stream tensors alive for it
+    (``record_stream``) *before* it drops them, then writes from them on that stream."""
+    ops, fm, relay = fake.ops, fake.fm, fake.relay
+    relay.settle_pending()
+    assert ops.log == [
+        ("schedule", "wait_event", fake.ready),
+        ("schedule", "record_stream"), ("schedule", "record_stream"),  # indices, values
+        ("schedule", "record", fake.ready),
+    ]
+    assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][1:3].tolist() == [10, 20]
+
+
+def test_without_external_events_a_publish_under_capture_is_sglangs_own(fake):
+    """A torch with no ``Event(external=True)`` cannot give a capture a ``publish_ready``
+    that eager waits may use afterwards: SGLang's own publish runs it, as shipped."""
+    ops, fm, relay = fake.ops, fake.fm, fake.relay
+    fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # the variant is compiled
+    relay.capture_ready = None
+    ops.log.clear()
+    ops.capturing_now = True
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([4]), torch.tensor([40]))
+    assert relay.pending is None and fm.__dict__[relay_mod.RELAY_ATTR] is relay
+    assert ops.log == [("forward", "record", fake.ready)]  # SGLang's scatter, its record
+    assert fm.__dict__["new_seq_lens_buf"][4] == 40

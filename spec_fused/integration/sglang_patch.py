@@ -33,16 +33,20 @@ from typing import Optional
 import torch
 
 from spec_fused import relay as _relay
-from spec_fused.cuda_ops import unsupported_device
+from spec_fused.faults import raise_if_sticky
 from spec_fused.integration import code_check
 from spec_fused.integration.hooks import PatchSet
+from spec_fused.kernels.backend import device_key
+from spec_fused.kernels.canary import child_canary, prewarm
 from spec_fused.releases import TESTED_RELEASES, support_status
+from spec_fused.upstream import debug_enabled, scheduler_gpu_id
 
 logger = logging.getLogger("spec_fused")
 
 PLUGIN_NAME = "spec_fused"
 ENV_DISABLE = "SPEC_FUSED_DISABLE"
 ENV_ALLOW_UNTESTED = "SPEC_FUSED_ALLOW_UNTESTED"
+ENV_CHILD_CANARY = "SPEC_FUSED_CHILD_CANARY"  # "0": the start-up canary in-process only
 OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
 SCHEDULER = "sglang.srt.managers.scheduler"
 
@@ -186,6 +190,9 @@ def _on_failure(fm, relay, exc, what):
     if isinstance(exc, (InputError, InputTypeError, PoisonedSlotError, StaleHostMirrorError,
                         *_PASSTHROUGH)):
         raise exc
+    # A dead CUDA context: SGLang's own method would fail at its next CUDA call, blaming
+    # itself. Escape here, naming spec_fused and the way to serve without it.
+    raise_if_sticky(exc, relay.step_name(what), logger)
     _relay.log_once(("fallback", what, type(exc).__name__),
                     "fused %s failed (%s: %s); SGLang's own relay takes over this FutureMap",
                     what, type(exc).__name__, exc)
@@ -199,6 +206,7 @@ def _on_failure(fm, relay, exc, what):
 
 
 def _make_publish(original):
+    HandToSGLang = _relay.HandToSGLang  # noqa: N806 - bound once for the per-step path
     relay_attr = _relay.RELAY_ATTR
     relay_for = _relay.relay_for
 
@@ -215,6 +223,8 @@ def _make_publish(original):
             return original(self, future_indices, new_seq_lens, *args, **kwargs)
         try:
             relay.publish(self, future_indices, new_seq_lens)
+        except HandToSGLang:
+            return original(self, future_indices, new_seq_lens)
         except Exception as exc:
             _on_failure(self, relay, exc, "publish")
             return original(self, future_indices, new_seq_lens)
@@ -223,6 +233,7 @@ def _make_publish(original):
 
 
 def _make_resolve(original):
+    HandToSGLang = _relay.HandToSGLang  # noqa: N806 - bound once for the per-step path
     relay_attr = _relay.RELAY_ATTR
     relay_for = _relay.relay_for
 
@@ -240,6 +251,8 @@ def _make_resolve(original):
             return original(self, batch, *args, **kwargs)
         try:
             relay.resolve(self, batch)
+        except HandToSGLang:
+            return original(self, batch)
         except Exception as exc:
             _on_failure(self, relay, exc, "resolve")
             return original(self, batch)
@@ -269,7 +282,8 @@ def flush_all() -> None:
         if relay.pending is not None:
             try:
                 relay.flush()
-            except Exception:
+            except Exception as exc:
+                raise_if_sticky(exc, relay.step_name("landing of a pending publish"), logger)
                 relay.settle_pending()
 
 
@@ -281,6 +295,7 @@ def read_buffer(fm) -> torch.Tensor:
         try:
             relay.flush()
         except Exception as exc:
+            raise_if_sticky(exc, relay.step_name("landing of a pending publish"), logger)
             disable(fm, relay, f"flush failed: {exc}")
     try:
         return fm.__dict__[_relay.BUF_ATTR]
@@ -298,15 +313,13 @@ def prewarm_for(fm, buf) -> None:
         algo = getattr(fm, "spec_algo", None)
         if algo is None or not algo.is_some() or not isinstance(buf, torch.Tensor):
             return
-        if buf.device.type != "cuda" or unsupported_device(buf.device) is not None \
-                or str(buf.device) in _prewarmed:
+        if buf.device.type != "cuda" or _relay.not_relayed_on(buf.device) is not None \
+                or device_key(buf.device) in _prewarmed:
             return
-        _prewarmed.add(str(buf.device))
-        from spec_fused.kernels.backend import prewarm
-        from spec_fused.upstream import debug_enabled
-
+        _prewarmed.add(device_key(buf.device))
         prewarm(buf.device, debug=debug_enabled())  # the launcher the relay will build
     except Exception as exc:
+        raise_if_sticky(exc, f"spec_fused's start-up canary on {buf.device}", logger)
         _relay.log_once(("prewarm", type(exc).__name__),
                         "could not compile the fused kernel ahead of serving (%s: %s)",
                         type(exc).__name__, exc)
@@ -341,7 +354,7 @@ def _scheduler_caps(sched):
     if future_map is None:
         raise AttributeError("the scheduler has no future_map")
     buf = future_map.__dict__.get(_relay.BUF_ATTR)
-    unsupported = None if buf is None else unsupported_device(buf.device)
+    unsupported = None if buf is None else _relay.not_relayed_on(buf.device)
     if unsupported is not None:
         _relay.log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
                         unsupported)
@@ -402,6 +415,46 @@ def _patch_scheduler(patches: PatchSet, module, version: str) -> None:
                         "SGLang decides it", version, found.describe())
         return
     patches.set_attr(scheduler, "_war_barrier_enabled", _war_barrier_property())
+    patches.replace(scheduler, "__init__", _make_scheduler_init)
+
+
+def _make_scheduler_init(original):
+    def __init__(self, *args, **kwargs):
+        canary_before_pools(original, args, kwargs)
+        return original(self, *args, **kwargs)
+
+    return __init__
+
+
+def canary_before_pools(scheduler_init, args, kwargs) -> Optional[dict]:
+    """At the top of ``Scheduler.__init__`` - before the model worker allocates its pools,
+    so the child's CUDA context comes and goes before SGLang measures free memory - run
+    the start-up canary for this rank's GPU in a child process (:func:`child_canary`): a
+    kernel that faults there costs the child, not the server. Only for a speculative
+    server on NVIDIA CUDA; never raises (a canary that cannot run in a child runs in
+    the scheduler process later, at prewarm)."""
+    try:
+        if os.environ.get(ENV_CHILD_CANARY, "1") == "0":
+            return None
+        params = inspect.signature(scheduler_init).bind_partial(None, *args, **kwargs)
+        server_args = params.arguments.get("server_args")
+        if not getattr(server_args, "speculative_algorithm", None) \
+                or getattr(server_args, "device", "cuda") not in ("cuda", None) \
+                or getattr(torch.version, "hip", None):
+            return None
+        gpu_id = params.arguments.get("gpu_id")
+        gpu_id = scheduler_gpu_id() if gpu_id is None else gpu_id
+        if gpu_id is None:
+            _relay.log_once("child-canary-gpu", "cannot tell this scheduler's GPU before it "
+                            "starts; the start-up canary runs in the scheduler process",
+                            level=logging.INFO)
+            return None
+        return child_canary(torch.device("cuda", int(gpu_id)), debug=debug_enabled())
+    except Exception as exc:
+        _relay.log_once(("child-canary", type(exc).__name__),
+                        "the start-up canary could not run in a child process (%s: %s); it "
+                        "runs in the scheduler process", type(exc).__name__, exc)
+        return None
 
 
 # ---------------------------------------------------------------------------- public API

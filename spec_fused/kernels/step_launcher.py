@@ -16,7 +16,7 @@ import torch
 
 from spec_fused.kernels import checks
 from spec_fused.kernels import publish_gather as kernel
-from spec_fused.kernels.backend import BACKENDS, backend_for
+from spec_fused.kernels.backend import BACKENDS, backend_for, verdict_for
 from spec_fused.kernels.checks import NO_ERROR, InputError, raise_if_flagged
 from spec_fused.kernels.host_ring import HostRing, write_host_row
 
@@ -51,7 +51,8 @@ class PublishGather:
 
     def __init__(self, buf: torch.Tensor, *, max_batch: Optional[int] = None,
                  poison: bool = False, validate: bool = False,
-                 debug: bool = False, backend: Optional[str] = None):
+                 debug: bool = False, backend: Optional[str] = None,
+                 pinned: Optional[bool] = None):
         _check_buffer(buf)
         self.buf = buf
         self.max_batch = int(buf.shape[0] if max_batch is None else max_batch)
@@ -60,6 +61,9 @@ class PublishGather:
         self.debug = debug
         self._on_cuda = buf.device.type == "cuda"
         self._on_cpu = buf.device.type == "cpu"
+        # Host memory the kernel stores into is pinned on CUDA, unless the host forbids
+        # it (Confidential Computing: the relay then keeps the flag on the device).
+        self._pin_host = pinned is not False
         self._device_index = buf.get_device()  # -1 on CPU, as Tensor.get_device() says
         self.out_sum = torch.zeros((), dtype=torch.int64, device=buf.device)
         self.ring: Optional[HostRing] = None
@@ -67,8 +71,8 @@ class PublishGather:
         self._stamp_offset = 0
         self._flag = None
         if poison:
-            self._flag = torch.full((1,), NO_ERROR, dtype=torch.int64, pin_memory=self._on_cuda)
-            if not self._on_cuda:
+            self._flag = torch.full((1,), NO_ERROR, dtype=torch.int64, pin_memory=self._pinned)
+            if not self._pinned:
                 self._flag = self._flag.to(buf.device)
         # An empty result whose pointer is valid (an empty tensor's may be null) and does
         # not alias the buffer: what a publish-only launch writes its nothing into.
@@ -82,6 +86,10 @@ class PublishGather:
         self._variants: dict = {}
         self._fast = None
         self.backend = backend or backend_for(buf.device)
+
+    @property
+    def _pinned(self) -> bool:
+        return self._on_cuda and self._pin_host
 
     # ------------------------------------------------------------------ binding
 
@@ -99,7 +107,6 @@ class PublishGather:
         self._last_dtypes = self._last_host = self._last_bound = None
         self._fast = None
         if name == "triton" and self._on_cuda:
-            from spec_fused.kernels.backend import verdict_for
             from spec_fused.kernels.direct_launch import FastLaunch
 
             self._fast = FastLaunch(self._device_index, kernel._publish_gather_kernel)
@@ -126,6 +133,11 @@ class PublishGather:
         if self._fast is not None:
             self._fast.block(why)
 
+    def has_variant(self, gi, pi, pv, host: bool) -> bool:
+        """Whether these inputs' variant was launched (so compiled) by this launcher
+        before: a step of them needs no check and no compile (e.g. under graph capture)."""
+        return self._variant(gi, pi, pv, host) is not _UNSEEN
+
     def launches_directly(self, gi, pi, pv, host: bool) -> bool:
         """Whether :meth:`launch` of these inputs would take the direct launch now (a
         bound variant, and no launch hook, pre-run hook, compile or device switch in the
@@ -138,7 +150,7 @@ class PublishGather:
     def ensure_host_ring(self) -> None:
         """Allocate the stamped host ring (pinned on CUDA) now, e.g. before graph capture."""
         if self.ring is None:
-            self.ring = HostRing(self.max_batch, pinned=self._on_cuda)
+            self.ring = HostRing(self.max_batch, pinned=self._pinned)
             self._ring_rows = self.ring.rows
             self._stamp_offset = self.ring.stamp_offset
 
@@ -149,7 +161,7 @@ class PublishGather:
         n = host.shape[0]
         if self._staging is None or self._staging.shape[0] < n:
             self._staging = torch.empty((max(n, self.max_batch),), dtype=torch.int64,
-                                        pin_memory=self._on_cuda)
+                                        pin_memory=self._pinned)
         view = self._staging[:n]
         view.copy_(host)
         self.staged = view
