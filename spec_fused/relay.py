@@ -131,8 +131,10 @@ class FusedRelay:
             log_once("cc", "Confidential Computing (SGLang's own check): exact host lengths "
                      "come from SGLang's resolve; the fused launch serves the GPU-only steps",
                      level=logging.INFO)
+        # On CPU the lengths are host lengths already: a step needs their sum, no mirror.
         self.launcher = PublishGather(buf, poison=debug, validate=debug, debug=debug,
-                                      backend=backend, pinned=self.pinned_ok)
+                                      backend=backend, pinned=self.pinned_ok,
+                                      mirror=self.on_cuda)
         self.set_caps(caps)
         self.pending: Optional[tuple] = None  # (indices, values) not yet in the buffer
         self.landed: Optional[tuple] = None  # the last consumed publish (see the class doc)
@@ -315,20 +317,23 @@ class FusedRelay:
             event.wait()  # as upstream, on every device: the stream waits, not the host
         pending = self.pending
         pi, pv = pending or (None, None)
+        # Here ``exact`` means a CPU relay: the same launch also yields the sum.
+        host = True if exact else False
         try:
-            out = self._launch(fi, pi, pv, False)
+            out = self._launch(fi, pi, pv, host)
         except Exception as exc:
-            out = self._fall_back(exc, fi, pi, pv, False)
+            out = self._fall_back(exc, fi, pi, pv, host)
         self.landed, self.pending = pending, None
         batch.seq_lens = out
-        if not exact:
+        if not host:
             batch.seq_lens_cpu = None
             batch.seq_lens_sum = None
         else:
             # CPU: the device is the host, so the lengths are the host lengths - as
-            # upstream's ``batch.seq_lens.cpu()``, the same tensor, and its host sum.
+            # upstream's ``batch.seq_lens.cpu()``, the same tensor - and their sum is
+            # the launch's.
             batch.seq_lens_cpu = out
-            batch.seq_lens_sum = int(out.sum())
+            batch.seq_lens_sum = int(self.launcher.out_sum)
 
     def _consume_once(self, fm, event) -> None:
         """Upstream's consume-once check (0.5.16+, under its debug switch)."""

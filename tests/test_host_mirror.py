@@ -173,6 +173,7 @@ def test_debug_consume_once_catches_a_double_read(debug_fm):
 def _launched_with_a_stale_stamp(relay, gather, lens):
     """A host-mirror launch through the relay's launcher whose row then reads as another
     launch's (as a launch that did not write it would leave it)."""
+    relay.launcher.mirror = True  # as a CUDA relay's launcher (a CPU relay sums only)
     relay.launcher.buf[torch.tensor(gather)] = torch.tensor(lens)
     out = relay.launcher.launch_checked(torch.tensor(gather), None, None, True)
     stamp = relay.launcher.stamp
@@ -214,3 +215,16 @@ def test_a_resolve_with_nothing_to_gather_lands_the_pending_publish():
         assert relay.pending is not None
         fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # e.g. a prefill batch
         assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][3] == 30
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "reference"])
+def test_a_launcher_on_the_host_yields_the_sum_without_a_mirror(backend):
+    """A CPU relay's lengths are host lengths already: ``host=True`` asks the same launch
+    for their sum, and no ring is made or written - an idle step's sum is 0."""
+    buf = torch.arange(32, dtype=torch.int64) * 3
+    pg = PublishGather(buf, backend=backend, mirror=False)
+    for launch in (pg.launch_checked, pg.launch, pg.launch):
+        out = launch(torch.tensor([2, 5, 9]), torch.tensor([5]), torch.tensor([100]), True)
+        assert out.tolist() == [6, 100, 27] and int(pg.out_sum) == 133
+    pg.launch(torch.tensor([], dtype=torch.int64), None, None, True)
+    assert int(pg.out_sum) == 0 and pg.ring is None

@@ -205,6 +205,11 @@ def _on_failure(fm, relay, exc, what):
 # closure for the fallback ladder, and PatchSet restores the original exactly.
 
 
+def _no_confidence(kwargs) -> bool:
+    """Only ``confidence=None`` among the keywords: what the fused publish handles."""
+    return kwargs.keys() <= {"confidence"} and kwargs.get("confidence") is None
+
+
 def _make_publish(original):
     HandToSGLang = _relay.HandToSGLang  # noqa: N806 - bound once for the per-step path
     relay_attr = _relay.RELAY_ATTR
@@ -216,11 +221,12 @@ def _make_publish(original):
             relay = relay_for(self)
         # Fused: no relay-less FutureMap, no confidence (DSPARK gates its own D2H on the
         # scatter), nothing SGLang's publish may have grown since, not a DP-idle publish.
-        if relay is None or args or kwargs.get("confidence") is not None \
-                or len(kwargs) > ("confidence" in kwargs) or future_indices.shape[0] == 0:
-            if relay is not None:
-                relay.flush()  # keep publish order when SGLang's path writes the buffer
-            return original(self, future_indices, new_seq_lens, *args, **kwargs)
+        if relay is None or args or kwargs or not future_indices.shape[0]:
+            if relay is None or args or not future_indices.shape[0] \
+                    or not _no_confidence(kwargs):
+                if relay is not None:
+                    relay.flush()  # keep publish order when SGLang's path writes the buffer
+                return original(self, future_indices, new_seq_lens, *args, **kwargs)
         try:
             relay.publish(self, future_indices, new_seq_lens)
         except HandToSGLang:

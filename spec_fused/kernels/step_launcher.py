@@ -52,7 +52,7 @@ class PublishGather:
     def __init__(self, buf: torch.Tensor, *, max_batch: Optional[int] = None,
                  poison: bool = False, validate: bool = False,
                  debug: bool = False, backend: Optional[str] = None,
-                 pinned: Optional[bool] = None):
+                 pinned: Optional[bool] = None, mirror: bool = True):
         _check_buffer(buf)
         self.buf = buf
         self.max_batch = int(buf.shape[0] if max_batch is None else max_batch)
@@ -64,6 +64,10 @@ class PublishGather:
         # Host memory the kernel stores into is pinned on CUDA, unless the host forbids
         # it (Confidential Computing: the relay then keeps the flag on the device).
         self._pin_host = pinned is not False
+        # host=True: the launch also yields the lengths' sum in ``out_sum``, and - with a
+        # mirror - stores ``[*lens, sum]`` and its stamp into the host ring. A relay on the
+        # host itself (CPU) needs the sum only: its lengths are already host lengths.
+        self.mirror = mirror
         self._device_index = buf.get_device()  # -1 on CPU, as Tensor.get_device() says
         self.out_sum = torch.zeros((), dtype=torch.int64, device=buf.device)
         self.ring: Optional[HostRing] = None
@@ -257,10 +261,11 @@ class PublishGather:
         self.launches += 1
         stamp = self.stamp = self.step & HostRing.STAMP_MASK
         self.step += 1
-        if host:  # the kernel's host mirror
+        if host:  # the kernel's sum, and its host mirror
             torch.sum(out, 0, out=self.out_sum)
-            write_host_row(self._ring_rows[stamp & 1], out, self.out_sum, stamp,
-                           self._stamp_offset)
+            if self.mirror:
+                write_host_row(self._ring_rows[stamp & 1], out, self.out_sum, stamp,
+                               self._stamp_offset)
         return out
 
     def launch_checked(self, gi, pi, pv, host: bool, out=None) -> torch.Tensor:
@@ -271,7 +276,7 @@ class PublishGather:
         if host and n > self.max_batch:
             raise InputError(f"gather_indices has {n} slots, more than max_batch={self.max_batch}")
         raise_if_flagged(self._flag)  # a previous launch's consume-once failure
-        if host:
+        if host and self.mirror:
             self.ensure_host_ring()
         if pi is not None and pi.shape[0] == 0:
             pi = pv = None
@@ -295,11 +300,13 @@ class PublishGather:
     def _idle(self, host: bool) -> torch.Tensor:
         """A DP-idle step launches nothing; with a host mirror its row still says so
         (no lengths, sum 0), so every step can be read back the same way."""
-        if host:
+        if host and self.mirror:
             self.ensure_host_ring()
             stamp = self.stamp = self.step & HostRing.STAMP_MASK
             self.step += 1
             self.ring.stamp_only(stamp, total=0)
+        elif host:
+            self.out_sum.zero_()
         return self.empty_out
 
     def _bind(self, compiled):
@@ -317,10 +324,11 @@ class PublishGather:
             if host and self.ring is not None:
                 self.ring.stamp_only(stamp)  # so the read takes its normal branch
             return None
-        row = self._ring_rows[stamp & 1] if host else None
+        mirrored = host and self.mirror
+        row = self._ring_rows[stamp & 1] if mirrored else None
         self.launches += 1
         args = (self.buf, gi, pi, pv, out, self.out_sum, row, self._flag, self.poison,
-                stamp if host else None, row.shape[0] - 1 if host else 0)
+                stamp if mirrored else None, row.shape[0] - 1 if mirrored else 0)
         if self._fast is not None and self._fast.on_other_device():
             # Triton's normal launch goes to the *current* device: switch to the buffer's.
             with torch.cuda.device(self.buf.device):
