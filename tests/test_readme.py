@@ -1,14 +1,29 @@
 """The README says what the code and the committed results say: its generated tables are
 current (the impact table from spec_fused/impact.py, the results from bench/results/cpu,
-the compatibility table from tests/compat/results.json), and each row of the impact table
-says what its costs mean."""
+the compatibility table from tests/compat/results.json), each row of the impact table says
+what its costs mean, and it stays a front door: short prose, `pip install` early, the
+sections in the order a user needs them, and every link it gives leads somewhere."""
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+
+MAX_PROSE_WORDS = 1800
+PIP_INSTALL_WITHIN = 600
+# The front door's sections, in order (the README's ## headings must start with these).
+SECTIONS = [
+    "What it changes on your server",
+    "GPU status",
+    "Install and enable",
+    "A/B it",
+    "The two commands",
+    "Compatibility",
+    "Troubleshooting",
+]
 
 
 def _load(name):
@@ -16,6 +31,67 @@ def _load(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def prose_words(text: str) -> list:
+    """The words a reader reads as prose: not inside HTML comments, fenced code blocks or
+    tables (lines starting with ``|``); a word has at least one letter or digit."""
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    kept, fenced = [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or stripped.startswith("|"):
+            continue
+        kept.append(line)
+    return [w for w in " ".join(kept).split() if re.search(r"\w", w)]
+
+
+def test_prose_words_skips_tables_code_and_comments():
+    text = ("# Title here\n\none two `three`\n\n| a | b |\n|---|---|\n| c | d |\n\n"
+            "```bash\npip install x\n```\n<!-- a\ncomment -->\n- four -- five\n")
+    assert prose_words(text) == ["Title", "here", "one", "two", "`three`", "four", "five"]
+
+
+def test_the_readme_is_a_short_front_door_with_pip_install_early():
+    words = prose_words(README.read_text())
+    assert len(words) <= MAX_PROSE_WORDS, f"README prose is {len(words)} words"
+    joined = " ".join(words)
+    assert "pip install" in joined, "README prose never says pip install"
+    position = len(joined[:joined.index("pip install")].split())
+    assert position <= PIP_INSTALL_WITHIN, f"`pip install` first at prose word {position}"
+
+
+def test_the_readmes_sections_come_in_the_front_doors_order():
+    headings = [h.strip() for h in re.findall(r"^## (.+)$", README.read_text(), flags=re.M)]
+    found = [next((i for i, h in enumerate(headings) if h.startswith(s)), None)
+             for s in SECTIONS]
+    assert None not in found, dict(zip(SECTIONS, found, strict=True))
+    assert found == sorted(found), headings
+
+
+def _anchors(path: Path) -> set:
+    """GitHub's heading anchors and explicit ``<a id=...>`` targets of a markdown file."""
+    text = path.read_text()
+    ids = set(re.findall(r'<a id="([^"]+)"', text))
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        ids.add(slug)
+    return ids
+
+
+def test_every_relative_link_leads_somewhere():
+    for doc in (README, ROOT / "docs" / "design.md", ROOT / "bench" / "README.md"):
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            assert dest.exists(), f"{doc.name}: {target}: no such file"
+            if anchor:
+                assert anchor in _anchors(dest), f"{doc.name}: {target}: no such anchor"
 
 
 def test_the_readmes_generated_tables_are_current():
