@@ -23,7 +23,7 @@ from typing import Optional
 from spec_fused.releases import parse
 
 __all__ = ["Row", "configuration", "gpu_only", "ranged_rows", "release_rows",
-           "render_markdown"]
+           "render_markdown", "saving"]
 
 # --attention-backend values that set needs_cpu_seq_lens=False, from the release that
 # first did (each entry supersedes the previous one), with any condition that turns the
@@ -202,17 +202,45 @@ def ranged_rows(releases) -> list:
     return out
 
 
+def saving(upstream: dict, ours: dict) -> str:
+    """What spec_fused saves on one relay step against upstream, from the two cost
+    columns: device ops, the D2H copy, and whether the host still waits."""
+    ops = upstream["device_ops"] - ours["device_ops"]
+    parts = [f"{ops} device op{'s' if ops != 1 else ''}"]
+    if upstream["d2h_bytes"] != ours["d2h_bytes"]:
+        parts.append(f"the {upstream['d2h_bytes']}-byte D2H copy")
+    saved = " and ".join(parts)
+    if upstream["host_syncs"] == ours["host_syncs"] == 0:
+        return f"{saved}; no host wait either way"
+    if upstream["host_syncs"] == ours["host_syncs"]:
+        return f"{saved}; the host still waits"
+    return f"{saved} and {upstream['host_syncs'] - ours['host_syncs']} host wait(s)"
+
+
 def render_markdown(ranged: list) -> str:
-    """The README's table: per relay step on CUDA, device ops / D2H bytes / host syncs /
-    WAR barrier, upstream and spec_fused."""
-    lines = ["| SGLang | attention backend | algorithm | host lengths | upstream | "
-             "spec_fused | where it helps |",
-             "|---|---|---|---|---|---|---|"]
+    """The README's "what it changes on your server" table: per relay step on CUDA,
+    upstream -> spec_fused in device ops, D2H bytes and what the host waits for, and what
+    that saves; a line under it says whether the WAR barrier differs."""
+    lines = ["| SGLang | attention backend | algorithm | host lengths | device ops | "
+             "D2H bytes | host waits for | spec_fused saves per step | notes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    barriers = set()
     for releases, r in ranged:
+        u, o = r.upstream, r.spec_fused
+        barriers.add((u["barrier"], o["barrier"]))
         verdict = "helps" if r.needs_host_lengths else "nothing that matters"
-        notes = "; ".join(r.notes)
         lines.append(f"| {releases} | {r.backend} | {r.algorithm} | "
                      f"{'read' if r.needs_host_lengths else 'opted out'} | "
-                     f"{cells(r.upstream)} | {cells(r.spec_fused)} | {verdict}"
-                     f"{' (' + notes + ')' if notes else ''} |")
+                     f"{u['device_ops']} → {o['device_ops']} | "
+                     f"{u['d2h_bytes']} → {o['d2h_bytes']} | "
+                     f"{u['host_waits_for']} → {o['host_waits_for']} | "
+                     f"**{verdict}**: {saving(u, o)} | {'; '.join(r.notes)} |")
+    if barriers == {(True, True)}:
+        barrier = "Both keep SGLang's WAR barrier on every row."
+    else:
+        barrier = ("The WAR barrier (upstream / spec_fused) differs by row: "
+                   + ", ".join(f"{'yes' if a else 'no'} / {'yes' if b else 'no'}"
+                               for a, b in sorted(barriers)) + ".")
+    lines += ["", "Per relay step (publish + resolve) on CUDA, upstream → spec_fused; `pool`: "
+              "the request pool's slots, `bs`: the batch. " + barrier]
     return "\n".join(lines)
