@@ -265,11 +265,10 @@ def test_backend_reason(monkeypatch, kernel, interpreted, device, env, expected)
     import torch
 
     from spec_fused.kernels import backend as backend_mod
-    from spec_fused.kernels import publish_gather as pg
 
     if not kernel:
-        monkeypatch.setattr(pg, "_publish_gather_kernel", None)
-    monkeypatch.setattr(pg, "_IS_INTERPRETED", interpreted)
+        monkeypatch.setattr(backend_mod, "TRITON_AVAILABLE", False)
+    monkeypatch.setattr(backend_mod, "TRITON_INTERPRETS", interpreted)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     backend, reason = backend_mod.explain_backend(torch.device(device))

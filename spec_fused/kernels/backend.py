@@ -15,7 +15,10 @@ from typing import Optional
 
 import torch
 
-from spec_fused.kernels import publish_gather as kernel
+try:  # Triton is optional: without it every device gets the reference.
+    import triton
+except Exception:  # pragma: no cover - exercised by the fallback-ladder tests
+    triton = None
 
 __all__ = ["BACKENDS", "ENV_BENCH", "ENV_FORCE_BACKEND", "Verdict", "backend_for", "device_key",
            "explain_backend", "explain_relay_backend", "record_verdict", "verdict_for"]
@@ -23,6 +26,20 @@ __all__ = ["BACKENDS", "ENV_BENCH", "ENV_FORCE_BACKEND", "Verdict", "backend_for
 # The three of backend_for, plus "null" (SPEC_FUSED_FORCE_BACKEND=null with
 # SPEC_FUSED_BENCH=1): the whole host path and no device work, to price the wrapper.
 BACKENDS = ("triton", "interpreter", "reference", "null")
+
+# Facts about Triton in this process, read here so that choosing a backend needs nothing
+# of the kernel module (which needs this one). ``triton.jit`` decides once, when a kernel
+# is decorated, whether it is interpreted (TRITON_INTERPRET=1 before Triton was imported):
+# a probe decorated the same way, never launched, says what the kernel's decoration did.
+TRITON_AVAILABLE = triton is not None
+if triton is not None:
+    @triton.jit
+    def _decoration_probe(x):
+        pass
+
+    TRITON_INTERPRETS = type(_decoration_probe).__name__ == "InterpretedFunction"
+else:  # pragma: no cover
+    TRITON_INTERPRETS = False
 
 
 def explain_backend(device) -> tuple[str, str]:
@@ -33,9 +50,9 @@ def explain_backend(device) -> tuple[str, str]:
     proven = verdict_for(device)
     if proven is not None and proven.backend == "reference" and proven.downgraded:
         return "reference", f"start-up canary: {proven.notes[-1]}"
-    if kernel._publish_gather_kernel is None:
+    if not TRITON_AVAILABLE:
         return "reference", "no Triton (import failed): plain-torch reference"
-    if kernel._IS_INTERPRETED:
+    if TRITON_INTERPRETS:
         if device.type == "cpu":
             return "interpreter", "TRITON_INTERPRET=1 (set before Triton was imported)"
         return "reference", "TRITON_INTERPRET=1 runs CPU tensors only: plain-torch reference"

@@ -13,7 +13,7 @@ Layout follows SGLang's ``gather_spec_extras``: the kernel, its one-call wrapper
 (:func:`publish_gather`), a torch reference with the same semantics, and the custom op
 that lets ``torch.compile`` trace it. The per-step launcher the relay uses is
 ``step_launcher.PublishGather``; input checks and errors are ``checks``; which backend
-runs where is ``backend``.
+runs where is ``backend`` (which needs nothing of this module).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 
 from spec_fused.kernels import checks
+from spec_fused.kernels.backend import backend_for
 from spec_fused.kernels.checks import NO_ERROR, raise_if_flagged
 from spec_fused.kernels.host_ring import write_host_row
 
@@ -139,10 +140,8 @@ if triton is not None:
                 idx = tl.load(gat_idx_ptr + offs * gat_idx_stride, mask=mask, other=0)
                 tl.store(buf_ptr + idx.to(tl.int64), tl.full([BLOCK], -1, tl.int64), mask=mask)
 
-    _IS_INTERPRETED = type(_publish_gather_kernel).__name__ == "InterpretedFunction"
 else:  # pragma: no cover
     _publish_gather_kernel = None
-    _IS_INTERPRETED = False
 
 
 def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
@@ -214,8 +213,6 @@ def _publish_gather_op(
     error_flag: Optional[torch.Tensor],
     poison: bool,
 ) -> None:
-    from spec_fused.kernels.backend import backend_for
-
     impl = _launch if backend_for(buf.device) != "reference" else _reference_impl
     impl(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
          error_flag, poison)
