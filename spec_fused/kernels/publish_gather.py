@@ -144,29 +144,29 @@ else:  # pragma: no cover
     _publish_gather_kernel = None
 
 
+def kernel_args(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
+                err, stamp, stamp_offset) -> tuple:
+    """The kernel's runtime arguments in order, as both launches pass them: Triton's
+    normal one (:func:`_launch`) and the direct one (``step_launcher``). An empty input's
+    pointer may be null, so one with nothing to read points at ``buf`` (its loop never
+    runs; any valid pointer will do), and an absent host row or error flag at ``out``."""
+    n = gather_indices.shape[0]
+    m = 0 if publish_indices is None else publish_indices.shape[0]
+    if not m:
+        publish_indices = publish_values = buf
+    return (buf, publish_indices, publish_indices.stride(0) if m else 0, publish_values,
+            publish_values.stride(0) if m else 0, m, gather_indices if n else buf,
+            gather_indices.stride(0) if n else 0, n, out, out_sum,
+            out if host_out is None else host_out, out if err is None else err,
+            0 if stamp is None else stamp, stamp_offset)
+
+
 def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
             err, poison, stamp=None, stamp_offset=0):
     """``kernel[grid](...)``: Triton's normal launch path; returns the compiled kernel."""
-    n = gather_indices.shape[0]
-    m = 0 if publish_indices is None else publish_indices.shape[0]
-    if m == 0:  # any valid pointer will do; the masks keep it untouched
-        publish_indices = publish_values = gather_indices
     return _publish_gather_kernel[(1,)](
-        buf,
-        publish_indices,
-        publish_indices.stride(0) if m else 0,
-        publish_values,
-        publish_values.stride(0) if m else 0,
-        m,
-        gather_indices,
-        gather_indices.stride(0),
-        n,
-        out,
-        out_sum,
-        host_out if host_out is not None else out,
-        err if err is not None else out,
-        0 if stamp is None else stamp,
-        stamp_offset,
+        *kernel_args(buf, gather_indices, publish_indices, publish_values, out, out_sum,
+                     host_out, err, stamp, stamp_offset),
         HAS_HOST=host_out is not None,
         HAS_STAMP=stamp is not None,
         POISON=bool(poison),

@@ -19,6 +19,7 @@ from spec_fused.kernels import publish_gather as kernel
 from spec_fused.kernels.backend import BACKENDS, backend_for, verdict_for
 from spec_fused.kernels.checks import NO_ERROR, InputError, raise_if_flagged
 from spec_fused.kernels.host_ring import HostRing, write_host_row
+from spec_fused.kernels.publish_gather import kernel_args
 
 __all__ = ["PublishGather"]
 
@@ -222,21 +223,13 @@ class PublishGather:
         self.step += 1
         fast = self._fast  # None for the null backend: _run_impl leaves the launch out
         if bound is not None and fast.ready():
-            # An empty tensor's pointer may be null; for a loop that never runs any valid
-            # pointer will do (the launcher only passes the address).
-            if m:
-                pi_stride, pv_stride = pi.stride(0), pv.stride(0)
-            else:
-                pi = pv = self.buf
-                pi_stride = pv_stride = 0
-            gi_stride = gi.stride(0) if n else 0
-            row = self._ring_rows[stamp & 1] if host else out
             self.launches += 1
             bound.run(1, 1, 1, fast.raw_stream(self._device_index), bound.function,
                       bound.metadata, None, None, None,
-                      self.buf, pi, pi_stride, pv, pv_stride, m, gi if n else self.buf,
-                      gi_stride, n, out, self.out_sum, row,
-                      self._flag if self.poison else out, stamp, self._stamp_offset,
+                      *kernel_args(self.buf, gi, pi if m else None, pv, out, self.out_sum,
+                                   self._ring_rows[stamp & 1] if host else None,
+                                   self._flag if self.poison else None, stamp,
+                                   self._stamp_offset),
                       host, host, self.poison, kernel.BLOCK)
             return out
         self._run_impl(gi, pi if m else None, pv if m else None, out, host, stamp)
