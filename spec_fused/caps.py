@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Iterable, Literal, Mapping, Optional
+from typing import Iterable, Literal, Mapping, Optional, cast
 
 from spec_fused import upstream
 
@@ -105,7 +105,7 @@ class SpecCaps:
     def with_barrier(self, value: bool, source: str, why: str) -> "SpecCaps":
         return replace(self, needs_war_barrier=value, barrier_source=source, barrier_reason=why)
 
-    def with_host(self, value: str, source: str, why: str) -> "SpecCaps":
+    def with_host(self, value: HostSeqLens, source: str, why: str) -> "SpecCaps":
         return replace(self, host_seq_lens=value, host_source=source, host_reason=why)
 
 
@@ -207,12 +207,12 @@ def _parse_bool_env(env: Mapping[str, str], key: str) -> Optional[bool]:
     raise ValueError(f"{key}={raw!r} is not valid; allowed values: 0, 1")
 
 
-def _parse_host_env(env: Mapping[str, str]) -> Optional[str]:
+def _parse_host_env(env: Mapping[str, str]) -> Optional[HostSeqLens]:
     raw = env.get(ENV_HOST_SEQ_LENS)
     if raw is None or raw == "":
         return None
     if raw.lower() in HOST_SEQ_LENS_VALUES:
-        return raw.lower()
+        return cast(HostSeqLens, raw.lower())
     raise ValueError(
         f"{ENV_HOST_SEQ_LENS}={raw!r} is not valid; allowed values: "
         f"{', '.join(HOST_SEQ_LENS_VALUES)}")
@@ -267,7 +267,8 @@ def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None
         # a forced "exact" (NGRAM) still lets the worker say it plans with exact lengths,
         # which then reach the batch whatever the backends need
         if isinstance(host, str) and (caps.host_source != "forced" or host == "exact"):
-            caps = caps.with_host(host, "worker", f"{who}.host_seq_lens={host!r}")
+            caps = caps.with_host(cast(HostSeqLens, host), "worker",  # the worker's word
+                                  f"{who}.host_seq_lens={host!r}")
     if caps.host_source == "worker":
         # A worker (or a registered plugin algorithm) speaks for itself, not for the
         # attention backends: it cannot take away host lengths a backend reads - the

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -119,7 +119,9 @@ class FusedRelay:
         self.debug = debug
         buf = future_map.__dict__[BUF_ATTR]
         self.device = buf.device
-        self.ops = ops_for(buf.device) if ops is None else ops
+        # CudaOps (or a test's stand-in); None off CUDA, where nothing below uses it:
+        # every CUDA-only attribute is reached behind ``on_cuda``.
+        self.ops: Any = ops_for(buf.device) if ops is None else ops
         self.on_cuda = self.ops is not None
         backend, _ = explain_relay_backend(buf.device)
         # Under Confidential Computing SGLang turns pinned memory off (host<->device
@@ -144,14 +146,17 @@ class FusedRelay:
         # 0.5.23's FutureRelayBuffers (a captured verify graph scatters itself).
         self.has_relay_buffers = hasattr(type(future_map), "_relay") or \
             "_relay" in future_map.__dict__
-        self.relay_stream = self.done_event = self.relay_stream_ctx = None
-        self.capture_ready = None  # publish_ready for a publish under graph capture
+        self.relay_stream: Any = None
+        self.done_event: Any = None
+        self.relay_stream_ctx: Any = None
+        self.capture_ready: Any = None  # publish_ready for a publish under graph capture
         self._vetted: set = set()  # caller streams known not to be the private stream
-        if self.on_cuda:
-            self.relay_stream = self.ops.new_stream(set())
-            self.done_event = self.ops.event()
-            self.relay_stream_ctx = self.ops.stream_ctx(self.relay_stream)
-            self.capture_ready = self.ops.external_event()
+        if self.ops is not None:
+            ops = self.ops
+            self.relay_stream = ops.new_stream(set())
+            self.done_event = ops.event()
+            self.relay_stream_ctx = ops.stream_ctx(self.relay_stream)
+            self.capture_ready = ops.external_event()
         self._bind_launch()
         live_relays.add(self)
 

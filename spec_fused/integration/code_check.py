@@ -23,7 +23,7 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = ["CHECKED", "CodeVerdict", "check_module", "fingerprint_function",
            "fingerprint_source_file", "installed_fingerprints", "verdict"]
@@ -48,7 +48,7 @@ CHECKED = {
 }
 
 
-def _strip_docstring(node: ast.AST) -> ast.AST:
+def _strip_docstring(node: Any) -> Any:
     body = getattr(node, "body", None)
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
             and isinstance(body[0].value.value, str):
@@ -56,7 +56,7 @@ def _strip_docstring(node: ast.AST) -> ast.AST:
     return node
 
 
-def _fingerprint_node(node: ast.AST) -> str:
+def _fingerprint_node(node: Any) -> str:
     """``signature|hash``: the signature as source (names, kinds, defaults, annotations)
     and a short hash of the whole definition's AST, docstring left out."""
     node = _strip_docstring(node)
@@ -169,7 +169,9 @@ def verdict(module_name: str, installed: dict, tested: Optional[dict] = None,
     ``tested``: ``{release: {module: {qualname: fingerprint}}}`` (default: the recorded
     table); ``prefer``: the installed version, tried first and taken as closest on ties."""
     if tested is None:
-        from spec_fused.integration.tested_code import TESTED_CODE as tested
+        from spec_fused.integration.tested_code import TESTED_CODE
+
+        tested = TESTED_CODE
     order = sorted(tested, key=_release_key, reverse=True)
     if prefer in tested:
         order.remove(prefer)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 _MISSING = object()
 
@@ -39,7 +39,7 @@ class PatchSet:
         """Install ``make(original)`` as ``owner.name``: the replacement is called
         directly (no wrapper frame) and keeps ``original`` for its own fallback."""
         original = getattr(owner, name)
-        fn = make(original)
+        fn: Any = make(original)
         fn.__wrapped__ = original
         fn.__name__ = getattr(original, "__name__", name)
         fn.__qualname__ = getattr(original, "__qualname__", name)

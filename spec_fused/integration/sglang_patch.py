@@ -147,8 +147,8 @@ def check_supported(overlap_utils=None) -> str:
     if "resolve_mixed_spec_tails" in future_map.__dict__:
         _require_params(version, future_map, "resolve_mixed_spec_tails", ("self", "batch"))
     try:
-        init_src = inspect.getsource(future_map.__init__)
-    except (OSError, TypeError):  # no source shipped: the code check refuses it below
+        init_src = inspect.getsource(future_map.__dict__["__init__"])
+    except (KeyError, OSError, TypeError):  # none of its own, or no source: refused below
         init_src = None
     for attr in ("new_seq_lens_buf", "needs_cpu_seq_lens", "publish_ready"):
         if init_src is not None and attr not in init_src:
@@ -474,7 +474,7 @@ def apply() -> PatchReport:
     """Patch SGLang (idempotent). Raises :class:`UnsupportedSGLangError`, patching nothing,
     on an SGLang it does not recognise. With ``SPEC_FUSED_DISABLE=1`` patches nothing."""
     global _patches, _report
-    if _patches is not None:
+    if _patches is not None and _report is not None:
         return _report
     off = disabled_by()
     if off is not None:

@@ -29,7 +29,7 @@ import logging
 import subprocess
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -160,6 +160,7 @@ def _prove(verdict: Verdict, device, backend: str, make_launcher) -> Verdict:
     where = f"spec_fused's start-up canary on {verdict.device}"
     try:
         scratch = torch.zeros((64,), dtype=torch.int64, device=device)
+        stream: Any
         if device.type == "cuda":
             private = torch.cuda.Stream(device, priority=-1)
             stream, sync = torch.cuda.stream(private), private.synchronize

@@ -28,7 +28,7 @@ would type them i64.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -138,14 +138,15 @@ class FastLaunch:
         # JITFunction.run calls the kernel's pre-run hooks before every launch; the direct
         # launch would not. Read live (a hook may be added after the kernel is bound).
         self._kernel = kernel
-        self._runtime = None if _knobs is None else _knobs.runtime
+        # Read only once ``blocked`` is None, i.e. where both exist.
+        self._runtime: Any = None if _knobs is None else _knobs.runtime
         self._is_compiling = torch.compiler.is_compiling
-        self._get_device = getattr(torch._C, "_cuda_getDevice", None)
+        self._get_device: Any = getattr(torch._C, "_cuda_getDevice", None)
         self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         if _knobs is None or _HookChain is None:
             self.block("this Triton has no triton.knobs launch hooks to inspect")
-        elif _unknown_triton():
-            self.block(_unknown_triton())
+        elif (unknown := _unknown_triton()) is not None:
+            self.block(unknown)
         elif self.raw_stream is None or self._get_device is None:
             self.block("torch has no raw CUDA stream accessor")
 

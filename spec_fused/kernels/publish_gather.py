@@ -248,7 +248,7 @@ def _run(impl, buf, gather_indices, publish_indices, publish_values, out, out_su
     impl(buf, gather_indices, publish_indices if m else None, publish_values if m else None,
          out, out_sum, host_out, flag, poison)
     result = PublishGatherResult(out, out_sum.reshape(()), flag)
-    if poison and flag.device.type == "cpu" and buf.device.type == "cpu":
+    if flag is not None and flag.device.type == "cpu" and buf.device.type == "cpu":
         result.raise_if_poisoned()  # free on CPU: raise at once, naming the slot
     return result
 

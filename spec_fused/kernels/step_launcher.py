@@ -10,14 +10,19 @@ mirror is ``host_ring``; the direct launch of a compiled kernel is ``direct_laun
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from spec_fused.kernels import checks
 from spec_fused.kernels import publish_gather as kernel
 from spec_fused.kernels.backend import BACKENDS, backend_for, verdict_for
-from spec_fused.kernels.checks import NO_ERROR, InputError, raise_if_flagged
+from spec_fused.kernels.checks import (
+    NO_ERROR,
+    InputError,
+    StaleHostMirrorError,
+    raise_if_flagged,
+)
 from spec_fused.kernels.host_ring import HostRing, write_host_row
 from spec_fused.kernels.publish_gather import kernel_args
 
@@ -72,9 +77,11 @@ class PublishGather:
         self._device_index = buf.get_device()  # -1 on CPU, as Tensor.get_device() says
         self.out_sum = torch.zeros((), dtype=torch.int64, device=buf.device)
         self.ring: Optional[HostRing] = None
-        self._ring_rows = None  # ring.rows, bound for the per-step path
+        # Bound for the per-step path, which reaches them only where they are set (a
+        # host step has a ring; a bound variant has a FastLaunch): typed as such.
+        self._ring_rows: Any = None  # ring.rows
         self._stamp_offset = 0
-        self._flag = None
+        self._flag: Optional[torch.Tensor] = None
         if poison:
             self._flag = torch.full((1,), NO_ERROR, dtype=torch.int64, pin_memory=self._pinned)
             if not self._pinned:
@@ -89,7 +96,10 @@ class PublishGather:
         self.step = 0
         self.launches = 0  # device launches made (kernel or reference), for counters/tests
         self._variants: dict = {}
-        self._fast = None
+        self._fast: Any = None  # FastLaunch on compiled Triton, else None
+        self._last_dtypes: Any = None
+        self._last_host: Any = None
+        self._last_bound: Any = None
         self.backend = backend or backend_for(buf.device)
 
     @property
@@ -152,12 +162,14 @@ class PublishGather:
         bound = self._variant(gi, pi, pv, host)
         return bound is not _UNSEEN and bound is not None
 
-    def ensure_host_ring(self) -> None:
-        """Allocate the stamped host ring (pinned on CUDA) now, e.g. before graph capture."""
+    def ensure_host_ring(self) -> HostRing:
+        """The stamped host ring (pinned on CUDA), allocated now if it was not, e.g.
+        before graph capture."""
         if self.ring is None:
             self.ring = HostRing(self.max_batch, pinned=self._pinned)
             self._ring_rows = self.ring.rows
             self._stamp_offset = self.ring.stamp_offset
+        return self.ring
 
     def stage_host_indices(self, host: torch.Tensor) -> torch.Tensor:
         """``host`` (CPU indices) copied into a pinned buffer the kernel reads zero-copy;
@@ -248,8 +260,9 @@ class PublishGather:
                 buf.index_copy_(0, pi, pv)
             else:
                 buf[pi] = pv.to(torch.int64)
-        if gi is self.staged and self._on_cuda:  # pinned host indices: index moves over
-            gi = gi.to(buf.device, non_blocking=True)
+        staged = self.staged
+        if staged is not None and gi is staged and self._on_cuda:
+            gi = staged.to(buf.device, non_blocking=True)  # pinned host indices: move over
         out = buf.index_select(0, gi)
         self.launches += 1
         stamp = self.stamp = self.step & HostRing.STAMP_MASK
@@ -294,10 +307,10 @@ class PublishGather:
         """A DP-idle step launches nothing; with a host mirror its row still says so
         (no lengths, sum 0), so every step can be read back the same way."""
         if host and self.mirror:
-            self.ensure_host_ring()
+            ring = self.ensure_host_ring()
             stamp = self.stamp = self.step & HostRing.STAMP_MASK
             self.step += 1
-            self.ring.stamp_only(stamp, total=0)
+            ring.stamp_only(stamp, total=0)
         elif host:
             self.out_sum.zero_()
         return self.empty_out
@@ -317,11 +330,13 @@ class PublishGather:
             if host and self.ring is not None:
                 self.ring.stamp_only(stamp)  # so the read takes its normal branch
             return None
-        mirrored = host and self.mirror
-        row = self._ring_rows[stamp & 1] if mirrored else None
+        row, row_stamp, stamp_offset = None, None, 0
+        if host and self.mirror:
+            row, row_stamp = self._ring_rows[stamp & 1], stamp
+            stamp_offset = row.shape[0] - 1
         self.launches += 1
         args = (self.buf, gi, pi, pv, out, self.out_sum, row, self._flag, self.poison,
-                stamp if mirrored else None, row.shape[0] - 1 if mirrored else 0)
+                row_stamp, stamp_offset)
         if self._fast is not None and self._fast.on_other_device():
             # Triton's normal launch goes to the *current* device: switch to the buffer's.
             with torch.cuda.device(self.buf.device):
@@ -332,6 +347,9 @@ class PublishGather:
         """``(seq_lens_cpu, seq_lens_sum)`` of launch ``stamp`` from the host ring (see
         :meth:`HostRing.read`; debug mode never waits again), after the consume-once
         check when poisoning."""
+        if self.ring is None:
+            raise StaleHostMirrorError(f"no host-mirror launch was made (step {stamp})",
+                                       "no ring")
         lens_total = self.ring.read(stamp, n, wait, strict=self.debug)
         if self.poison:
             raise_if_flagged(self._flag)
