@@ -11,7 +11,7 @@ fused launch replaces that with ``bs + 2`` values written by the launch itself.
 
 The facts below were read from each release's wheel (``layers/attention/*.py``, the
 attention registry, ``dflash_worker_v2.py``'s draft-backend choice, ``overlap_utils.py``)
-and are held to every tested release by ``tests/test_impact.py``. ``doctor`` prints the
+and are held to every tested release by ``tests/tools/test_impact.py``. ``doctor`` prints the
 installed release's rows, or one configuration's with SGLang's own flag names.
 """
 

@@ -12,7 +12,7 @@ import pytest
 
 from spec_fused import selftest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_command_passes_here_and_says_its_times_are_not_gpu_times(tmp_path):

@@ -1,48 +1,29 @@
-"""The capability model's edges, pinned down where mutation testing found them loose
-(scripts/mutation.py, tests/MUTATION.md).
+"""The capability model's claims, layer by layer: ``SpecCaps`` itself, the layers (table,
+installed worker, worker, environment, backends, what upstream forces) and which layer may
+lift which claim, and what ``establish`` checks against the installed worker.
 
 Expected values are the module's documented contract (spec_fused/caps.py: the layer order,
 which layer may lift which claim, what ``establish`` checks against the installed worker,
 the explanation each claim carries), the installed SGLang's own ``SpeculativeAlgorithm``,
 or literals - never the function under test's own output. Where the decision depends on
 what the installed worker does, ``spec_fused.upstream``'s findings are replaced by a stub
-so the rule is exercised both ways."""
+so the rule is exercised both ways. The full decision matrix against upstream's rules is
+tests/caps/test_decisions.py."""
 
 from types import SimpleNamespace
 
 import pytest
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from support.caps_claims import BARRIER_ENV, HOST_ENV, NEEDS, NO_ENV, OPT_OUT, fencing
 
-from spec_fused import caps as caps_mod
 from spec_fused import upstream
 from spec_fused.caps import (
     SpecCaps,
     caps_for,
     decide,
-    describe,
     establish,
-    register_caps,
 )
 from spec_fused.relay import BackendsDecision
-
-NO_ENV: dict = {}
-OPT_OUT = [BackendsDecision(False)]
-NEEDS = [BackendsDecision(True)]
-HOST_ENV = "SPEC_FUSED_HOST_SEQ_LENS"
-BARRIER_ENV = "SPEC_FUSED_WAR_BARRIER"
-
-
-@pytest.fixture
-def registered():
-    names = []
-
-    def register(name, caps):
-        names.append(name.upper())
-        register_caps(name, caps)
-
-    yield register
-    for name in names:
-        caps_mod._REGISTERED.pop(name, None)
 
 
 # ----------------------------------------------------------------------------- SpecCaps
@@ -84,82 +65,6 @@ def test_with_a_claim_changes_that_claim_only():
         ("none", "backends", "opt out")
     assert (caps.needs_war_barrier, caps.barrier_source, caps.barrier_reason) == \
         (True, "table", None)
-
-
-# ----------------------------------------------------------------------------- names
-
-
-def test_algorithm_names():
-    assert caps_mod.algorithm_name(None) == "NONE"
-    assert caps_mod.algorithm_name("dFlash") == "DFLASH"
-    assert caps_mod.algorithm_name(SimpleNamespace(name="my_algo")) == "MY_ALGO"
-    assert caps_mod.algorithm_name(SpeculativeAlgorithm.EAGLE3) == "EAGLE3"
-    with pytest.raises(TypeError, match="^cannot name speculative algorithm 7$"):
-        caps_mod.algorithm_name(7)
-
-
-def test_installed_and_known_algorithms(registered):
-    installed = [m.name for m in SpeculativeAlgorithm]
-    assert caps_mod.installed_algorithms() == installed
-    registered("plugin_algo", SpecCaps(True, "exact", "mine"))
-    known = caps_mod.known_algorithms()
-    assert len(known) == len(set(known))
-    assert set(known) == set(installed) | {"DFLASH", "DSPARK", "UNO", "EAGLE", "EAGLE3",
-                                           "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE",
-                                           "PLUGIN_ALGO"}
-
-
-def test_a_member_of_the_installed_sglang_is_known_even_without_capabilities(monkeypatch):
-    installed = [m.name for m in SpeculativeAlgorithm] + ["MEDUSA"]
-    monkeypatch.setattr(caps_mod, "installed_algorithms", lambda: installed)
-    assert "MEDUSA" in caps_mod.known_algorithms()
-
-
-def test_without_sglang_nothing_is_installed(monkeypatch):
-    import sys
-
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.spec_info", None)
-    assert caps_mod.installed_algorithms() is None
-
-
-def test_a_registered_algorithm_keeps_later_layers_sources_and_wins_over_the_table(registered):
-    with pytest.raises(TypeError, match="^caps must be a SpecCaps$"):
-        register_caps("bad", (True, "exact"))
-    registered("eagle", SpecCaps(False, "none", "plugin EAGLE", host_source="forced",
-                                 barrier_source="installed"))
-    got = caps_for("EAGLE", env=NO_ENV)
-    assert (got.needs_war_barrier, got.barrier_source) == (False, "installed")
-    assert (got.host_seq_lens, got.host_source) == ("none", "forced")
-    assert got.reason == "plugin EAGLE"
-
-
-def test_a_registered_algorithms_table_claims_count_as_its_workers(registered):
-    registered("plugin_algo", SpecCaps(True, "reserved", "mine"))
-    got = caps_for("plugin_algo", attn_backends=OPT_OUT, env=NO_ENV)
-    assert (got.needs_war_barrier, got.barrier_source) == (True, "worker")
-    assert (got.host_seq_lens, got.host_source, got.refused) == ("reserved", "worker", ())
-
-
-@pytest.mark.parametrize("backends, why", [
-    (NEEDS, "an attention backend reads host lengths (needs_cpu_seq_lens)"),
-    (None, "the attention backends' need for host lengths is not known here"),
-])
-def test_a_registered_algorithm_cannot_take_host_lengths_from_a_backend(registered,
-                                                                        backends, why):
-    registered("plugin_algo", SpecCaps(True, "reserved", "mine"))
-    got = caps_for("plugin_algo", attn_backends=backends, env=NO_ENV)
-    assert (got.host_seq_lens, got.host_source) == ("exact", "backends")
-    assert got.why_host() == why
-    assert got.refused == (f"mine for PLUGIN_ALGO: {why}",)
-
-
-def test_an_unknown_algorithm_names_the_known_ones_sorted_and_how_to_declare_one():
-    with pytest.raises(KeyError) as info:
-        caps_for("medusa", env=NO_ENV)
-    msg = str(info.value)
-    assert "no capabilities for speculative algorithm 'MEDUSA'; known: DFLASH, DSPARK, " \
-           "EAGLE, EAGLE3, FROZEN_KV_MTP, NGRAM, NONE, STANDALONE, UNO." in msg
-    assert "register_caps(name, SpecCaps(...))" in msg
 
 
 # ----------------------------------------------------------------------------- layers
@@ -292,13 +197,9 @@ def test_backends_cannot_lift_forced_host_lengths():
 # ----------------------------------------------------------------------------- establish
 
 
-def _fences(value):
-    return lambda name: value and name == "DFLASH"
-
-
 @pytest.mark.parametrize("fences", [True, False])
 def test_the_tables_barrier_exemption_holds_only_where_the_worker_fences(monkeypatch, fences):
-    monkeypatch.setattr(upstream, "fences_own_shared_writes", _fences(fences))
+    monkeypatch.setattr(upstream, "fences_own_shared_writes", fencing(fences))
     got = decide("DFLASH", attn_backends=OPT_OUT, env=NO_ENV)
     if fences:
         assert (got.needs_war_barrier, got.barrier_source) == (False, "table")
@@ -311,7 +212,7 @@ def test_the_tables_barrier_exemption_holds_only_where_the_worker_fences(monkeyp
 
 
 def test_establish_leaves_a_kept_barrier_and_later_layers_alone(monkeypatch):
-    monkeypatch.setattr(upstream, "fences_own_shared_writes", _fences(False))
+    monkeypatch.setattr(upstream, "fences_own_shared_writes", fencing(False))
     got = decide("EAGLE", attn_backends=NEEDS, env=NO_ENV)
     assert (got.needs_war_barrier, got.barrier_source) == (True, "table")
     assert (got.host_seq_lens, got.host_source) == ("exact", "table")
@@ -360,74 +261,3 @@ def test_decide_passes_every_layer_on(monkeypatch):
     assert (got.host_seq_lens, got.host_source) == ("reserved", "env")
     assert decide("EAGLE", attn_backends=OPT_OUT, env=NO_ENV,
                   two_batch_overlap=None).host_seq_lens == "exact"
-
-
-# ----------------------------------------------------------------------------- describe
-
-
-def test_describe_rows_carry_both_decisions_and_their_sources(monkeypatch):
-    monkeypatch.setattr(upstream, "fences_own_shared_writes", _fences(False))
-    rows = {r["algorithm"]: r for r in describe(env=NO_ENV, attn_backends=OPT_OUT)}
-    eagle = rows["EAGLE"]
-    assert (eagle["needs_war_barrier"], eagle["host_seq_lens"], eagle["variant"]) == \
-        (True, "none", "war_guarded")
-    assert (eagle["barrier_source"], eagle["host_source"], eagle["refused"]) == \
-        ("table", "backends", [])
-    assert eagle["declared"] == "True/none" and eagle["in_sglang"] is True
-    dflash = rows["DFLASH"]
-    assert dflash["declared"] == "False/none"
-    assert (dflash["needs_war_barrier"], dflash["barrier_source"]) == (True, "installed")
-    assert "no verify_done" in dflash["reason"]
-    rows = {r["algorithm"]: r for r in describe(env=NO_ENV, attn_backends=OPT_OUT,
-                                                  two_batch_overlap=True)}
-    assert (rows["EAGLE"]["host_seq_lens"], rows["EAGLE"]["host_source"]) == ("exact", "forced")
-
-
-def test_describe_with_nothing_known_declares_dflashs_table_entry(monkeypatch):
-    monkeypatch.setattr(upstream, "fences_own_shared_writes", _fences(False))
-    monkeypatch.setattr(upstream, "plans_with_reserved_bound", lambda name: name == "DFLASH")
-    rows = {r["algorithm"]: r for r in describe(env=NO_ENV)}
-    assert rows["DFLASH"]["declared"] == "False/reserved"
-    assert (rows["DFLASH"]["host_seq_lens"], rows["DFLASH"]["host_source"]) == \
-        ("exact", "installed")
-    assert "the installed worker plans with its reserved bound only where" in \
-        rows["DFLASH"]["reason"]
-
-
-def test_describe_reports_refused_overrides():
-    rows = {r["algorithm"]: r for r in describe(env={HOST_ENV: "none"}, attn_backends=NEEDS)}
-    assert rows["EAGLE"]["refused"] == [
-        "SPEC_FUSED_HOST_SEQ_LENS=none for EAGLE: an attention backend reads host lengths "
-        "(needs_cpu_seq_lens)"]
-    assert "refused: SPEC_FUSED_HOST_SEQ_LENS=none" in rows["EAGLE"]["reason"]
-
-
-def test_describe_marks_what_the_installed_sglang_lacks(monkeypatch, registered):
-    installed = [m.name for m in SpeculativeAlgorithm if m.name != "UNO"] + ["MEDUSA"]
-    monkeypatch.setattr(caps_mod, "installed_algorithms", lambda: installed)
-    registered("plugin_algo", SpecCaps(True, "exact", "mine"))
-    rows = {r["algorithm"]: r for r in describe(env=NO_ENV)}
-    assert rows["UNO"]["in_sglang"] is False
-    assert rows["UNO"]["reason"].startswith("not in the installed SGLang; ")
-    assert rows["PLUGIN_ALGO"]["in_sglang"] is True
-    assert not rows["PLUGIN_ALGO"]["reason"].startswith("not in")
-    assert rows["EAGLE"]["in_sglang"] is True and not rows["EAGLE"]["reason"].startswith("not")
-    medusa = rows["MEDUSA"]
-    assert set(medusa) == {"algorithm", "error", "in_sglang"} and medusa["in_sglang"] is True
-    assert medusa["error"].startswith("no capabilities for speculative algorithm 'MEDUSA'")
-    assert medusa["error"].endswith("register_caps(name, SpecCaps(...))")
-
-
-def test_describe_without_sglang_counts_every_row_as_installed(monkeypatch):
-    monkeypatch.setattr(caps_mod, "installed_algorithms", lambda: None)
-    rows = describe(env=NO_ENV)
-    assert rows and all(r["in_sglang"] is True for r in rows)
-    assert not any(r["reason"].startswith("not in") for r in rows)
-
-
-def test_describe_turns_a_bad_setting_into_an_error_per_row():
-    rows = describe(env={BARRIER_ENV: "yes"})
-    assert rows
-    for row in rows:
-        assert set(row) == {"algorithm", "error", "in_sglang"}
-        assert row["error"] == "SPEC_FUSED_WAR_BARRIER='yes' is not valid; allowed values: 0, 1"

@@ -3,7 +3,7 @@ arm ran.
 
 Why: issue 13 found arm B at ``--needs-cpu-seq-lens 0`` dropping DFLASH's WAR barrier, so a
 GPU A/B would have credited spec_fused with the barrier's cost. The expected barrier here is
-``upstream_fixtures.expected_barrier`` (upstream's gate, dropped only by an explicit
+``support.upstream_rules.expected_barrier`` (upstream's gate, dropped only by an explicit
 ``SPEC_FUSED_WAR_BARRIER=0``), not the code under test; the expected host lengths are
 upstream's (exactly where the backends read them).
 """
@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from bench import ab_throughput  # noqa: E402
-from upstream_fixtures import expected_barrier  # noqa: E402
+from support.upstream_rules import expected_barrier  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,13 +1,13 @@
 """The start-up canary catches a wrong launcher and a wrong kernel before serving.
 
 On a CPU the direct launch is stood in for by a compiled-kernel stand-in that runs the
-real kernel in the interpreter (tests/fake_triton.py); planting a fault in it is a wrong
+real kernel in the interpreter (tests/support/fake_triton.py); planting a fault in it is a wrong
 launcher, planting one in the kernel's normal launch is a wrong kernel."""
 
 import logging
 
 import pytest
-from fake_triton import FakeCompiled, bound_launcher
+from support.fake_triton import FakeCompiled, bound_launcher
 
 from spec_fused import relay as relay_mod
 from spec_fused.kernels import backend as backend_mod

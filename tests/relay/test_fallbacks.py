@@ -1,25 +1,38 @@
 """Never break the server: each fault is injected, and SGLang's lengths still come out right.
 
 The ladder is fused Triton kernel -> torch reference -> SGLang's own FutureMap method, per
-FutureMap, with one log line per reason. Every test compares the patched run against the
-real unpatched FutureMap on the same trace."""
+FutureMap, with one log line per reason. The trace tests compare the patched run against
+the real unpatched FutureMap on the same trace; the ones below "one relay, driven
+directly" break one rung of a FusedRelay and read what lands in the buffer and the log,
+and "hand-back" covers a relay given back to SGLang."""
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from support.fake_cuda import CFG as SMALL
+from support.fake_cuda import direct_relay
 
-from spec_fused import cuda_ops
 from spec_fused import relay as relay_mod
+from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import publish_gather as pg
 from spec_fused.kernels import step_launcher
-from spec_fused.traces import TraceConfig, make_future_map, run_trace
+from spec_fused.traces import TraceConfig, decode_batch, make_future_map, run_trace
 
 CFG = TraceConfig(seed=7, steps=40, pool=40, max_running=12)
 EAGLE = SpeculativeAlgorithm.EAGLE
+EXACT = SpecCaps(True, "exact", "test")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_once():
+    relay_mod._logged.clear()
+    yield
+    relay_mod._logged.clear()
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +152,17 @@ def test_future_map_missing_an_attribute_runs_sglangs_path(caplog, upstream, mon
                for m in _messages(caplog))
 
 
+def test_a_future_map_that_cannot_be_relayed_says_why(monkeypatch, caplog):
+    def broken(self, *args, **kwargs):
+        raise ValueError("no good")
+
+    monkeypatch.setattr(relay_mod.FusedRelay, "__init__", broken)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        assert relay_mod.relay_for(make_future_map("EAGLE", SMALL)) is None
+    assert _messages(caplog) == [
+        "spec_fused: cannot relay this FutureMap (ValueError: no good); SGLang's relay runs"]
+
+
 def test_algorithm_without_capabilities_runs_sglangs_path(caplog, monkeypatch):
     from spec_fused import caps as caps_mod
 
@@ -150,6 +174,20 @@ def test_algorithm_without_capabilities_runs_sglangs_path(caplog, monkeypatch):
     assert got == want and relay_mod.relay_for(fm) is None
     hits = [m for m in _messages(caplog) if "no capabilities for speculative algorithm 'EAGLE3'" in m]
     assert len(hits) == 1
+
+
+def test_algorithms_without_capabilities_are_logged_once_each(monkeypatch, caplog):
+    from spec_fused import caps as caps_mod
+
+    monkeypatch.setattr(caps_mod, "_TABLE", {k: v for k, v in caps_mod._TABLE.items()
+                                             if k not in ("EAGLE3", "STANDALONE")})
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        for algo in ("EAGLE3", "STANDALONE", "EAGLE3"):
+            assert relay_mod.relay_for(make_future_map(algo, SMALL)) is None
+    lines = _messages(caplog)
+    assert len(lines) == 2
+    assert lines[0].startswith("spec_fused: no capabilities for speculative algorithm 'EAGLE3'")
+    assert lines[0].endswith("SpecCaps(...)); SGLang's relay runs")
 
 
 def test_each_reason_is_logged_once(monkeypatch, caplog):
@@ -241,29 +279,158 @@ def test_cpu_without_the_interpreter_serves_with_the_reference(monkeypatch, upst
     assert got == upstream and relay_mod.relay_for(fm).launcher.backend == "reference"
 
 
-@pytest.mark.parametrize("device, why", [("meta", "meta: spec_fused's ordering was only ever"),
-                                         ("xpu", "xpu: spec_fused's ordering was only ever")])
-def test_devices_the_relay_does_not_engage_on_keep_sglangs_path(device, why, caplog):
-    assert why in cuda_ops.unsupported_device(device)
-    cfg = TraceConfig(pool=8, max_len=4)
-    sglang_patch.apply()
-    try:
-        fm = make_future_map(EAGLE, cfg)
-        fm.__dict__["new_seq_lens_buf"] = torch.empty(8, dtype=torch.int64, device="meta")
-        with caplog.at_level(logging.WARNING, logger="spec_fused"):
-            relay_mod._logged.clear()
-            if device == "meta":
-                assert relay_mod.relay_for(fm) is None
-                assert any("not relaying on meta" in m for m in _messages(caplog))
-    finally:
-        sglang_patch.remove()
+# -------------------------------------------------------------- one relay, driven directly
 
 
-def test_rocm_is_left_to_sglang(monkeypatch):
-    """On ROCm the device type is ``cuda`` too; upstream's HIP-only branches decide."""
-    monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
-    why = cuda_ops.unsupported_device("cuda")
-    assert why and "ROCm" in why and "stream_ordered" in why
-    monkeypatch.setattr(torch.version, "hip", None, raising=False)
-    assert cuda_ops.unsupported_device("cuda") is None
-    assert cuda_ops.unsupported_device("cpu") is None
+def _failing_launch(relay, exc_factory):
+    calls = []
+
+    def launch(*args):
+        calls.append(args)
+        raise exc_factory()
+
+    relay._launch = launch
+    relay.launcher.launch = launch
+    relay.launcher.launch_checked = launch
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["reference", "null"])
+def test_a_failing_reference_or_null_backend_is_not_retried(backend, caplog):
+    relay, fm, _ = direct_relay(EXACT, ops=None)
+    relay.launcher.backend = backend
+    calls = _failing_launch(relay, lambda: RuntimeError("boom"))
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        with pytest.raises(RuntimeError, match="boom"):
+            relay._fall_back(RuntimeError("boom"), torch.tensor([1]), None, None, False)
+    assert calls == [] and relay.launcher.backend == backend
+    assert not [m for m in _messages(caplog) if "falling back" in m]
+
+
+def test_each_kind_of_kernel_failure_is_logged_once_with_the_device(caplog):
+    relay, fm, _ = direct_relay(EXACT, ops=None)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        for exc in (RuntimeError("boom"), RuntimeError("boom again"), KeyError("k")):
+            relay.launcher.backend = "interpreter"
+            relay._bind_launch()
+            out = relay._fall_back(exc, torch.tensor([1]), None, None, False)
+            assert relay.launcher.backend == "reference"
+            assert out.tolist() == fm.new_seq_lens_buf[1:2].tolist()
+    assert [m for m in _messages(caplog) if "falling back" in m] == [
+        "spec_fused: fused kernel failed on cpu (RuntimeError: boom); falling back to the "
+        "torch reference",
+        "spec_fused: fused kernel failed on cpu (KeyError: 'k'); falling back to the torch "
+        "reference"]
+
+
+FALLING_BACK = ("spec_fused: fused kernel failed on cpu (RuntimeError: kernel broke); "
+                "falling back to the torch reference")
+
+
+def _break_kernel(monkeypatch, relay):
+    from spec_fused.kernels import publish_gather as pg
+
+    monkeypatch.setattr(pg, "_launch",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel broke")))
+    relay.launcher.backend = relay.launcher.backend  # drop anything bound to the kernel
+    relay._bind_launch()
+
+
+def test_an_exact_resolve_whose_kernel_fails_gets_its_lengths_from_the_reference(monkeypatch,
+                                                                                caplog):
+    relay, fm, ops = direct_relay(EXACT)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
+    _break_kernel(monkeypatch, relay)
+    batch = decode_batch([1, 2], SMALL)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        relay.resolve(fm, batch)
+    assert batch.seq_lens.tolist() == [10, 20] and batch.seq_lens_cpu.tolist() == [10, 20]
+    assert batch.seq_lens_sum == 30 and relay.launcher.backend == "reference"
+    assert _messages(caplog) == [FALLING_BACK]  # and no stale host row read from the device
+
+
+@pytest.mark.parametrize("on_cuda", [False, True])
+def test_a_flush_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog, on_cuda):
+    relay, fm, ops = direct_relay(EXACT, ops="fake" if on_cuda else None)
+    relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
+    _break_kernel(monkeypatch, relay)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        relay.flush()
+    assert relay.pending is None and fm.new_seq_lens_buf[1:3].tolist() == [10, 20]
+    assert relay.launcher.backend == "reference" and _messages(caplog) == [FALLING_BACK]
+
+
+def test_a_captured_publish_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog):
+    from spec_fused.kernels import publish_gather as pg
+
+    relay, fm, ops = direct_relay(EXACT)
+    monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    relay.launcher.backend = relay.launcher.backend  # drop variants bound to the kernel
+    relay._bind_launch()
+    ops.capturing_now = True
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        with ops.on(ops.forward):
+            relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
+    assert relay.launcher.backend == "reference" and fm.new_seq_lens_buf[4] == 40
+    assert len([m for m in _messages(caplog) if "falling back" in m]) == 1
+
+
+def test_a_settled_int32_publish_lands_in_the_int64_buffer(caplog):
+    """SGLang's publish takes int32 lengths too; landing them with plain torch must cast
+    (``index_put`` refuses mixed dtypes), or the lengths would be dropped as unlandable."""
+    relay, fm, ops = direct_relay(EXACT, ops=None)
+    relay.pending = (torch.tensor([2, 5]), torch.tensor([21, 51], dtype=torch.int32))
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        relay.settle_pending()
+    assert relay.pending is None and not _messages(caplog)
+    assert fm.new_seq_lens_buf[[2, 5]].tolist() == [21, 51]
+
+
+def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog):
+    relay, fm, ops = direct_relay(EXACT, ops=None)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        for bad in [(torch.tensor([99]), torch.tensor([1])), (torch.tensor([98]), torch.tensor([2])),
+                    (torch.tensor([1]), "not a tensor")]:
+            relay.pending = bad
+            relay.settle_pending()
+            assert relay.pending is None
+    lines = _messages(caplog)
+    assert len(lines) == 2
+    assert lines[0].startswith("spec_fused: a publish that cannot land was dropped (IndexError: ")
+    assert lines[1].startswith("spec_fused: a publish that cannot land was dropped "
+                               "(AttributeError: ")
+
+
+# ----------------------------------------------------------------------------- hand-back
+
+
+def test_a_disabled_relay_is_kept_with_its_reason_and_sglang_serves():
+    fm = make_future_map("EAGLE", SMALL)
+    relay = relay_mod.relay_for(fm)
+    relay.pending = (torch.tensor([3]), torch.tensor([30]))
+    sglang_patch.disable(fm, relay, "because")
+    assert relay_mod.relay_for(fm) is None and fm.__dict__[relay_mod.RELAY_ATTR] is None
+    assert fm.__dict__[relay_mod.DISABLED_ATTR] is relay and relay.disabled_reason == "because"
+    assert fm.__dict__["new_seq_lens_buf"][3] == 30
+
+
+def test_a_reader_whose_flush_fails_gets_the_buffer_and_the_relay_is_handed_back(monkeypatch):
+    fm = make_future_map("EAGLE", SMALL)
+    relay = relay_mod.relay_for(fm)
+    relay.pending = (torch.tensor([3]), torch.tensor([30]))
+
+    def broken(fence=True):
+        raise RuntimeError("flush broke")
+
+    monkeypatch.setattr(relay, "flush", broken)
+    buf = sglang_patch.read_buffer(fm)
+    assert buf is fm.__dict__["new_seq_lens_buf"] and buf[3] == 30
+    assert relay_mod.relay_for(fm) is None and relay.disabled_reason == "flush failed: flush broke"
+
+
+def test_a_future_map_without_the_buffer_has_no_such_attribute():
+    fm = SimpleNamespace()
+    with pytest.raises(AttributeError) as info:
+        sglang_patch.read_buffer(fm)
+    assert info.value.args == ("new_seq_lens_buf",) and info.value.__cause__ is None

@@ -3,7 +3,7 @@ over every configuration: algorithm x ``needs_cpu_seq_lens`` x two-batch overlap
 worker's declaration x ``SPEC_FUSED_WAR_BARRIER`` x upstream's platform gate.
 
 The fast tier reads the installed release's ``Scheduler._apply_war_barrier`` out of its
-``scheduler.py`` (tests/upstream_fixtures.py: same code, same fingerprint) so it needs no
+``scheduler.py`` (tests/support/upstream_rules.py: same code, same fingerprint) so it needs no
 model stack; the heavy tier runs the same matrix on the real ``Scheduler`` class of every
 release (tests/test_scheduler_tier.py). Expected values are rules, never the patch's own
 decision."""
@@ -12,7 +12,7 @@ import importlib.util
 
 import pytest
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from upstream_fixtures import (
+from support.upstream_rules import (
     BACKEND_TBO,
     check_barrier_matrix,
     light_scheduler,
@@ -72,7 +72,7 @@ def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(schedule
     it: then exact, as upstream forces them (TBO splits batches on host lengths)."""
     from types import SimpleNamespace
 
-    from upstream_fixtures import barrier_calls, make_scheduler, server_config
+    from support.upstream_rules import barrier_calls, make_scheduler, server_config
 
     from spec_fused import relay as relay_mod
     from spec_fused.traces import TraceConfig, make_future_map
@@ -105,7 +105,7 @@ def test_traces_under_the_filed_caps_match_upstream(scheduler_cls, algorithm, ne
     worker said it plans with exact ones."""
     from types import SimpleNamespace
 
-    from upstream_fixtures import barrier_calls, expected_host, make_scheduler, server_config
+    from support.upstream_rules import barrier_calls, expected_host, make_scheduler, server_config
 
     from spec_fused import relay as relay_mod
     from spec_fused.traces import TraceConfig, make_future_map, run_trace

@@ -1,99 +1,34 @@
-"""No stale or torn lengths: the stamped, double-buffered host ring and two batches in flight.
+"""Host lengths through the relay: two batches in flight keep their own, debug mode's
+checks (never-published slots, double reads, stale stamps, host indices), and which
+batches get host lengths at all (a claim, upstream's ``needs_cpu_seq_lens``).
 
-The ring's contract (spec_fused/kernels/host_ring.py): a read of launch ``k`` returns
-launch ``k``'s lengths while at most one newer launch has been made (that launch wrote the
-other row), and refuses - never returns other lengths - once its row was reused."""
+The ring underneath (stamps, two rows, stale reads refused) is tested in
+tests/kernels/test_host_ring.py."""
 
 import logging
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from support.fake_cuda import direct_relay
 
 from spec_fused import relay as relay_mod
+from spec_fused.caps import SpecCaps
 from spec_fused.kernels.checks import PoisonedSlotError, StaleHostMirrorError
-from spec_fused.kernels.host_ring import HostRing
-from spec_fused.kernels.publish_gather import publish_gather_reference
-from spec_fused.kernels.step_launcher import PublishGather
 from spec_fused.traces import (
     TraceConfig,
     decode_batch,
+    make_future_map,
     patched_future_map,
     unpatched_then_patched,
 )
 
-
-def _launch(pg, mirror, r, pool):
-    gather = torch.tensor([r.randrange(pool) for _ in range(r.randint(1, 8))])
-    pub = torch.tensor(r.sample(range(pool), min(pool, r.randrange(0, 5))), dtype=torch.int64)
-    vals = torch.tensor([r.randrange(5000) for _ in pub], dtype=torch.int32)
-    want = publish_gather_reference(mirror, gather, pub, vals)
-    pg.launch_checked(gather, pub, vals, True)
-    return pg.stamp, gather.shape[0], want.seq_lens.tolist(), int(want.seq_lens_sum)
-
-
-@pytest.mark.parametrize("backend", ["interpreter", "reference"])
-@given(pool=st.integers(1, 200), ops=st.lists(st.tuples(
-    st.sampled_from(["launch", "read"]), st.integers(0, 10**6)), max_size=40))
-def test_a_read_returns_that_launchs_lengths_or_refuses_once_reused(backend, pool, ops):
-    g = torch.Generator().manual_seed(pool)
-    buf = torch.randint(0, 1000, (pool,), generator=g)
-    mirror = buf.clone()
-    pg = PublishGather(buf, max_batch=64, backend=backend)
-    launched = []  # (stamp, n, lens, sum)
-    for op, seed in ops:
-        r = random.Random(seed)
-        if op == "launch" or not launched:
-            launched.append(_launch(pg, mirror, r, pool))
-            continue
-        k = seed % len(launched)
-        stamp, n, lens, total = launched[k]
-        newer = len(launched) - 1 - k
-        if newer < HostRing.RING:  # its row is still its own: the read must succeed
-            got_lens, got_sum = pg.read_row(stamp, n)
-            assert got_lens.tolist() == lens and got_sum == total, (newer, k)
-        else:
-            with pytest.raises(StaleHostMirrorError):
-                pg.read_row(stamp, n)
-
-
-def test_the_previous_launch_is_still_readable_after_the_next_one():
-    """What the second row is for: the next launch is enqueued while the host still
-    reads the previous one's lengths."""
-    pg = PublishGather(torch.arange(10, dtype=torch.int64), backend="interpreter")
-    pg.launch_checked(torch.tensor([1, 2]), None, None, True)
-    first = pg.stamp
-    pg.launch_checked(torch.tensor([5, 6, 7]), torch.tensor([5]), torch.tensor([99]), True)
-    lens, total = pg.read_row(first, 2)
-    assert (lens.tolist(), total) == ([1, 2], 3)
-    lens, total = pg.read_row(pg.stamp, 3)
-    assert (lens.tolist(), total) == ([99, 6, 7], 112)
-
-
-def test_lengths_read_are_owned_by_the_caller():
-    pg = PublishGather(torch.arange(10, dtype=torch.int64), backend="interpreter")
-    pg.launch_checked(torch.tensor([1, 2]), None, None, True)
-    lens, total = pg.read_row(pg.stamp, 2)
-    for _ in range(3):  # later launches reuse the ring; the copy handed out stays put
-        pg.launch_checked(torch.tensor([5, 6]), torch.tensor([5]), torch.tensor([99]), True)
-    assert lens.tolist() == [1, 2] and total == 3
-
-
-def test_a_stale_row_is_waited_for_once_then_refused():
-    ring = HostRing(4, pinned=False)
-    ring.stamp_only(7, total=0)
-    calls = []
-    with pytest.raises(StaleHostMirrorError) as info:
-        ring.read(9, 0, wait=lambda: calls.append(1))
-    assert calls == [1] and info.value.cause == "stale after waiting"
-    with pytest.raises(StaleHostMirrorError) as info:
-        ring.read(9, 0, wait=lambda: calls.append(1), strict=True)
-    assert calls == [1] and info.value.cause == "stale"  # strict: no second wait
-    lens, total = ring.read(7, 0)
-    assert lens.tolist() == [] and total == 0
+CFG = TraceConfig(pool=16, max_len=32)
+EXACT = SpecCaps(True, "exact", "test")
 
 
 def _two_batch_ops():
@@ -214,3 +149,113 @@ def test_a_resolve_with_nothing_to_gather_lands_the_pending_publish():
         assert relay.pending is not None
         fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # e.g. a prefill batch
         assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][3] == 30
+
+
+# ----------------------------------------------------------------------------- who gets host lengths
+
+
+@pytest.mark.parametrize("how", ["worker", "env"])
+def test_an_explicit_exact_claim_gives_the_batch_host_lengths_on_opted_out_backends(
+        how, monkeypatch):
+    """Where every backend opts out upstream hands the step no host lengths; a worker's
+    ``host_seq_lens="exact"`` or ``SPEC_FUSED_HOST_SEQ_LENS=exact`` puts them back - on
+    the batch, not only in the caps."""
+    monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=False)
+    worker = None
+    if how == "worker":
+        worker = SimpleNamespace(host_seq_lens="exact")
+    else:
+        monkeypatch.setenv("SPEC_FUSED_HOST_SEQ_LENS", "exact")
+    caps = relay_mod.future_map_caps(fm, worker=worker)
+    assert (caps.host_seq_lens, caps.host_source) == ("exact", how)
+    relay = relay_mod.FusedRelay(fm, caps, debug=False, ops=None)
+    assert relay.gives_host_lengths(fm)
+    relay.publish(fm, torch.tensor([3, 5, 7]), torch.tensor([11, 4, 9]))
+    batch = decode_batch([7, 3], CFG)
+    relay.resolve(fm, batch)
+    assert batch.seq_lens.tolist() == [9, 11]
+    assert batch.seq_lens_cpu.tolist() == [9, 11] and batch.seq_lens_sum == 20
+
+
+def test_no_claim_on_opted_out_backends_gives_the_batch_no_host_lengths(monkeypatch):
+    monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=False)
+    relay = relay_mod.FusedRelay(fm, relay_mod.future_map_caps(fm), debug=False, ops=None)
+    assert not relay.gives_host_lengths(fm)
+    relay.publish(fm, torch.tensor([3, 7]), torch.tensor([11, 9]))
+    batch = decode_batch([7, 3], CFG)
+    relay.resolve(fm, batch)
+    assert batch.seq_lens.tolist() == [9, 11]
+    assert (batch.seq_lens_cpu, batch.seq_lens_sum) == (None, None)
+
+
+@pytest.mark.parametrize("algo, needs_cpu, gives", [
+    ("EAGLE", True, True),    # a backend reads host lengths: upstream gives them
+    ("NGRAM", False, False),  # exact caps, but this FutureMap (unlike a server's) says no
+    ("NGRAM", True, True),
+])
+def test_unclaimed_exact_host_lengths_follow_upstreams_flag(algo, needs_cpu, gives,
+                                                             monkeypatch):
+    """Without an explicit claim the batch gets host lengths exactly where SGLang's own
+    FutureMap would: its ``needs_cpu_seq_lens`` (upstream forces it for NGRAM)."""
+    monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
+    fm = make_future_map(algo, CFG, needs_cpu_seq_lens=needs_cpu)
+    caps = relay_mod.future_map_caps(fm)
+    assert caps.host_seq_lens == "exact"
+    relay = relay_mod.FusedRelay(fm, caps, debug=False, ops=None)
+    assert relay.gives_host_lengths(fm) is gives
+    relay.publish(fm, torch.tensor([2]), torch.tensor([6]))
+    batch = decode_batch([2], CFG)
+    relay.resolve(fm, batch)
+    assert (batch.seq_lens_cpu is not None) is gives
+
+
+def test_a_debug_relay_reads_the_host_mirror_strictly():
+    """Debug mode never waits again for a stale row: it raises at once."""
+    relay, fm, ops = direct_relay(EXACT, debug=True)
+    relay.launcher.buf[torch.tensor([1, 2])] = torch.tensor([7, 8])
+    out = relay.launcher.launch_checked(torch.tensor([1, 2]), None, None, True)
+    stamp = relay.launcher.stamp
+    relay.launcher.ring.np[stamp & 1, -1] = -12345
+    waits = []
+    with pytest.raises(StaleHostMirrorError) as info:
+        relay._read_host(stamp, out, wait=lambda: waits.append(1))
+    assert info.value.cause == "stale" and waits == []
+
+
+def test_an_empty_exact_resolve_gives_what_upstream_gives():
+    want = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
+    upstream_batch = decode_batch([], CFG)
+    want.resolve_seq_lens_cpu(upstream_batch)
+    relay, fm, ops = direct_relay(EXACT)
+    batch = decode_batch([], CFG)
+    relay.resolve(fm, batch)
+    assert batch.seq_lens_cpu.dtype == upstream_batch.seq_lens_cpu.dtype == torch.int64
+    assert batch.seq_lens_cpu.tolist() == upstream_batch.seq_lens_cpu.tolist() == []
+    assert batch.seq_lens_sum == upstream_batch.seq_lens_sum == 0
+
+
+@pytest.mark.parametrize("host", [torch.tensor([5, 6, 7]), torch.tensor([5.0, 6.0]),
+                                  torch.tensor([[5, 6]]), [5, 6]])
+def test_host_indices_that_are_not_the_batchs_own_are_not_gathered_from(host):
+    """Only a 1-D integer CPU copy of ``future_indices``, as long as it, is staged."""
+    relay, fm, ops = direct_relay(EXACT)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1, 2, 5, 6, 7]), torch.tensor([10, 20, 50, 60, 70]))
+    batch = decode_batch([1, 2], CFG)
+    batch.req_pool_indices_cpu = host
+    relay.resolve(fm, batch)
+    assert batch.seq_lens.tolist() == [10, 20] and batch.seq_lens_cpu.tolist() == [10, 20]
+    assert (relay.relay_stream.name, "wait_stream", "schedule") in ops.log
+
+
+def test_debug_mode_checks_the_host_indices_against_future_indices():
+    relay, fm, ops = direct_relay(EXACT, debug=True)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
+    batch = decode_batch([1, 2], CFG)
+    batch.req_pool_indices_cpu = torch.tensor([2, 1])
+    with pytest.raises(AssertionError,
+                       match="^batch.req_pool_indices_cpu differs from future_indices$"):
+        relay.resolve(fm, batch)

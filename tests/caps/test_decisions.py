@@ -1,5 +1,5 @@
 """The capability model over its whole configuration space, against rules written from
-upstream's behaviour (tests/upstream_fixtures.py), never against its own table.
+upstream's behaviour (tests/support/upstream_rules.py), never against its own table.
 
 Space: every algorithm of the installed SGLang x ``needs_cpu_seq_lens`` 0/1 x two-batch
 overlap on/off/unknown x the worker's own declaration x the environment's overrides."""
@@ -10,7 +10,7 @@ import types
 import pytest
 from compat.expectations import expectation_for
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from upstream_fixtures import expected_barrier, expected_host, expected_refusals
+from support.upstream_rules import expected_barrier, expected_host, expected_refusals
 
 from spec_fused import caps as caps_mod
 from spec_fused.caps import (

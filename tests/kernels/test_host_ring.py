@@ -1,19 +1,27 @@
-"""The host ring's contract, pinned down where mutation testing found it loose
-(scripts/mutation.py, tests/MUTATION.md).
+"""No stale or torn lengths: the stamped, double-buffered pinned host ring.
 
-Expected values come from the contract in spec_fused/kernels/host_ring.py's docstrings:
+A read of launch ``k`` returns launch ``k``'s lengths while at most one newer launch has
+been made (that launch wrote the other row), and refuses - never returns other lengths -
+once its row was reused. Expected values come from the contract in
+spec_fused/kernels/host_ring.py's docstrings:
 row ``k % 2`` belongs to launch ``k``, laid out ``[*lens, sum, ..., stamp]`` with the
 stamp at the row's end, rows of an even number of int64 values (16-byte aligned), and a
 read that returns launch ``k``'s lengths or raises - never another launch's, never a row
 no launch wrote."""
 
+import random
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from spec_fused.kernels import host_ring as host_ring_mod
 from spec_fused.kernels.checks import StaleHostMirrorError
 from spec_fused.kernels.host_ring import HostRing, write_host_row
+from spec_fused.kernels.publish_gather import publish_gather_reference
+from spec_fused.kernels.step_launcher import PublishGather
 
 
 @pytest.mark.parametrize("max_batch, width", [(1, 4), (2, 4), (3, 6), (4, 6), (7, 10), (8, 10)])
@@ -92,6 +100,20 @@ def test_stale_messages_name_the_step_held_and_the_step_wanted():
     assert info.value.cause == "stale after waiting"
 
 
+def test_a_stale_row_is_waited_for_once_then_refused():
+    ring = HostRing(4, pinned=False)
+    ring.stamp_only(7, total=0)
+    calls = []
+    with pytest.raises(StaleHostMirrorError) as info:
+        ring.read(9, 0, wait=lambda: calls.append(1))
+    assert calls == [1] and info.value.cause == "stale after waiting"
+    with pytest.raises(StaleHostMirrorError) as info:
+        ring.read(9, 0, wait=lambda: calls.append(1), strict=True)
+    assert calls == [1] and info.value.cause == "stale"  # strict: no second wait
+    lens, total = ring.read(7, 0)
+    assert lens.tolist() == [] and total == 0
+
+
 def test_a_row_the_wait_completes_is_read():
     """Not yet written when first looked at; the wait is the launch completing."""
     ring = HostRing(4, pinned=False)
@@ -139,3 +161,62 @@ def test_a_row_rewritten_while_it_is_copied_is_refused_as_torn():
                              r"being read$") as info:
         ring.read(4, 2, wait=lambda: None)
     assert info.value.cause == "torn"
+
+
+# ----------------------------------------------------------------------------- through the launcher
+
+
+def _launch(pg, mirror, r, pool):
+    gather = torch.tensor([r.randrange(pool) for _ in range(r.randint(1, 8))])
+    pub = torch.tensor(r.sample(range(pool), min(pool, r.randrange(0, 5))), dtype=torch.int64)
+    vals = torch.tensor([r.randrange(5000) for _ in pub], dtype=torch.int32)
+    want = publish_gather_reference(mirror, gather, pub, vals)
+    pg.launch_checked(gather, pub, vals, True)
+    return pg.stamp, gather.shape[0], want.seq_lens.tolist(), int(want.seq_lens_sum)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "reference"])
+@given(pool=st.integers(1, 200), ops=st.lists(st.tuples(
+    st.sampled_from(["launch", "read"]), st.integers(0, 10**6)), max_size=40))
+def test_a_read_returns_that_launchs_lengths_or_refuses_once_reused(backend, pool, ops):
+    g = torch.Generator().manual_seed(pool)
+    buf = torch.randint(0, 1000, (pool,), generator=g)
+    mirror = buf.clone()
+    pg = PublishGather(buf, max_batch=64, backend=backend)
+    launched = []  # (stamp, n, lens, sum)
+    for op, seed in ops:
+        r = random.Random(seed)
+        if op == "launch" or not launched:
+            launched.append(_launch(pg, mirror, r, pool))
+            continue
+        k = seed % len(launched)
+        stamp, n, lens, total = launched[k]
+        newer = len(launched) - 1 - k
+        if newer < HostRing.RING:  # its row is still its own: the read must succeed
+            got_lens, got_sum = pg.read_row(stamp, n)
+            assert got_lens.tolist() == lens and got_sum == total, (newer, k)
+        else:
+            with pytest.raises(StaleHostMirrorError):
+                pg.read_row(stamp, n)
+
+
+def test_the_previous_launch_is_still_readable_after_the_next_one():
+    """What the second row is for: the next launch is enqueued while the host still
+    reads the previous one's lengths."""
+    pg = PublishGather(torch.arange(10, dtype=torch.int64), backend="interpreter")
+    pg.launch_checked(torch.tensor([1, 2]), None, None, True)
+    first = pg.stamp
+    pg.launch_checked(torch.tensor([5, 6, 7]), torch.tensor([5]), torch.tensor([99]), True)
+    lens, total = pg.read_row(first, 2)
+    assert (lens.tolist(), total) == ([1, 2], 3)
+    lens, total = pg.read_row(pg.stamp, 3)
+    assert (lens.tolist(), total) == ([99, 6, 7], 112)
+
+
+def test_lengths_read_are_owned_by_the_caller():
+    pg = PublishGather(torch.arange(10, dtype=torch.int64), backend="interpreter")
+    pg.launch_checked(torch.tensor([1, 2]), None, None, True)
+    lens, total = pg.read_row(pg.stamp, 2)
+    for _ in range(3):  # later launches reuse the ring; the copy handed out stays put
+        pg.launch_checked(torch.tensor([5, 6]), torch.tensor([5]), torch.tensor([99]), True)
+    assert lens.tolist() == [1, 2] and total == 3

@@ -17,7 +17,7 @@ import pytest
 
 from spec_fused import doctor
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 # Settings that change the answer; each test sets the ones it is about.
 _SCRUB = ("SPEC_FUSED_DISABLE", "SGLANG_PLUGINS", "SPEC_FUSED_FORCE_REFERENCE",

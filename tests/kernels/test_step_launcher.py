@@ -1,5 +1,6 @@
-"""The per-step launcher's contract, pinned down where mutation testing found it loose
-(scripts/mutation.py, tests/MUTATION.md).
+"""The per-step launcher (``PublishGather``): host reads, one full check then the lean
+path, DP-idle steps, the null backend, staged host indices, binding the direct launch,
+and what it binds on CUDA.
 
 Expected lengths come from ``publish_gather_reference`` on a copy of the buffer (the
 plain-torch definition of the step: scatter, then gather) or from literals; the launch
@@ -8,7 +9,7 @@ then remembers, ``launches`` counting device launches, DP-idle steps launching n
 
 import pytest
 import torch
-from fake_triton import FakeCompiled, ReadyFast, bound_launcher
+from support.fake_triton import FakeCompiled, ReadyFast, bound_launcher
 
 from spec_fused.kernels import checks
 from spec_fused.kernels.checks import InputError, StaleHostMirrorError
@@ -89,6 +90,21 @@ def test_one_full_check_then_none_whatever_the_batch_size(validations, backend, 
             assert (lens.tolist(), total) == (want.seq_lens.tolist(), int(want.seq_lens_sum))
     # the buffer's check when the launcher was made, then one full check of the inputs
     assert validations[id(buf)] == 2 and pg.launches == len(sizes)
+
+
+def test_one_full_check_then_none_through_the_direct_launch(monkeypatch):
+    """The same, through the bound direct launch: the first step checked, the next four
+    on the compiled kernel."""
+    calls = []
+    real = checks.validate
+    buf = torch.zeros(64, dtype=torch.int64)
+    compiled = FakeCompiled()
+    launcher = bound_launcher(buf, compiled)
+    monkeypatch.setattr(checks, "validate", lambda *a, **k: (calls.append(1), real(*a, **k)))
+    idx = torch.tensor([1, 2, 3])
+    for step in range(5):
+        launcher.launch(idx, idx, idx + step, False)
+    assert len(calls) == 1 and len(compiled.calls) == 4
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -341,7 +357,7 @@ def test_in_the_steady_state_a_new_bad_combination_still_gets_the_full_check(bac
 def test_the_bound_launch_poisons_what_it_gathered_in_debug_mode():
     """Consume-once (debug): a gathered slot reads as consumed until it is published again,
     through the bound direct launch as through the checked one."""
-    from fake_triton import N_ARGS
+    from support.fake_triton import N_ARGS
 
     from spec_fused.kernels import direct_launch
     from spec_fused.kernels.checks import PoisonedSlotError

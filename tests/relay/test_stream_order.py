@@ -1,102 +1,38 @@
 """The relay's CUDA stream and event logic, on a CPU: which stream waits for what, where
 each launch runs, where ``publish_ready`` is recorded, when the host blocks.
 
-Every CUDA call the relay makes goes through one object (``relay.CudaOps``); here a
-stand-in records the calls in order while the launches themselves run on CPU tensors
-(Triton interpreter), so the lengths are checked too. ``tests/test_gpu.py`` runs the same
-paths on real streams."""
+Every CUDA call the relay makes goes through one object (``cuda_ops.CudaOps``); here a
+stand-in (``support.fake_cuda.FakeOps``) records the calls in order while the launches
+themselves run on CPU tensors (Triton interpreter), so the lengths are checked too.
+``tests/test_gpu.py`` runs the same paths on real streams. In order: a patched FutureMap's
+resolve and publish, the flush of a pending publish, publishes under CUDA-graph capture,
+and the private stream's draw (never one of SGLang's)."""
 
 import contextlib
+import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
+from support.fake_cuda import FakeOps, FakeStream, direct_relay, messages
 
 from spec_fused import relay as relay_mod
+from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
 from spec_fused.traces import TraceConfig, decode_batch, make_future_map
 
 CFG = TraceConfig(pool=16, max_len=32)
+EXACT = SpecCaps(True, "exact", "test")
 
 
-class FakeStream:
-    def __init__(self, name, log, handle):
-        self.name, self.log, self.cuda_stream = name, log, handle
-
-    def wait_event(self, event):
-        self.log.append((self.name, "wait_event", event.name))
-
-    def wait_stream(self, stream):
-        self.log.append((self.name, "wait_stream", stream.name))
-
-    def synchronize(self):
-        self.log.append(("host", "synchronize", self.name))
+@pytest.fixture(autouse=True)
+def _fresh_log_once():
+    relay_mod._logged.clear()
+    yield
+    relay_mod._logged.clear()
 
 
-class FakeEvent:
-    def __init__(self, name, ops):
-        self.name, self.ops = name, ops
-
-    def record(self, stream=None):
-        stream = stream or self.ops.current
-        self.ops.log.append((stream.name, "record", self.name))
-
-    def wait(self, stream=None):
-        (stream or self.ops.current).wait_event(self)
-
-    def synchronize(self):
-        self.ops.log.append(("host", "synchronize", self.name))
-
-    def query(self):
-        return True
-
-
-class FakeOps:
-    """``relay.CudaOps`` with streams that log: schedule (current), forward, relay."""
-
-    def __init__(self, relay_handles=(3,)):
-        self.log = []
-        self.schedule = FakeStream("schedule", self.log, 1)
-        self.forward = FakeStream("forward", self.log, 2)
-        self.current = self.schedule
-        self.capturing_now = False
-        self._handles = list(relay_handles)
-        self._events = 0
-
-    def current_stream(self):
-        return self.current
-
-    def capturing(self):
-        return self.capturing_now
-
-    @contextlib.contextmanager
-    def stream_ctx(self, stream):
-        saved, self.current = self.current, stream
-        try:
-            yield
-        finally:
-            self.current = saved
-
-    def on(self, stream):
-        return self.stream_ctx(stream)
-
-    def event(self):
-        self._events += 1
-        return FakeEvent(f"event{self._events}", self)
-
-    def new_stream(self, avoid):
-        for handle in self._handles:
-            if handle not in avoid:
-                self._handles.remove(handle)
-                return FakeStream(f"relay{handle}", self.log, handle)
-        raise AssertionError("ran out of stand-in streams")
-
-    @staticmethod
-    def handle(stream):
-        return stream.cuda_stream
-
-    def record_stream(self, tensor, stream):
-        self.log.append((stream.name, "record_stream"))
+# ----------------------------------------------------------------------------- resolve and publish
 
 
 @pytest.fixture
@@ -197,6 +133,56 @@ def test_a_second_publish_orders_the_forward_behind_the_landed_first(fake):
     assert batch.seq_lens.tolist() == [10, 21, 30]
 
 
+# ----------------------------------------------------------------------------- flush
+
+
+def test_a_flush_before_any_resolve_runs_on_a_stream_none_of_sglangs():
+    ops = FakeOps(relay_handles=(2, 5))  # the first draw aliases the forward stream (2)
+    relay, fm, _ = direct_relay(EXACT, ops=ops)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
+        relay.publish(fm, torch.tensor([1]), torch.tensor([11]))  # lands the first
+    ours = [e for e in ops.log if e[0].startswith("relay")]
+    assert ours and all(e[0] == "relay5" for e in ours)
+
+
+def test_a_flush_whose_future_map_is_gone_orders_behind_the_callers_stream():
+    import gc
+
+    relay, fm, ops = direct_relay(EXACT)
+    relay.pending = (torch.tensor([1]), torch.tensor([10]))
+    buf = fm.new_seq_lens_buf
+    del fm
+    gc.collect()
+    ops.log.clear()
+    relay.flush()
+    assert ops.log[0] == ("relay3", "wait_stream", "schedule")
+    assert relay.pending is None and buf[1] == 10
+
+
+def test_a_landed_publish_records_a_fresh_publish_ready_when_it_was_cleared():
+    relay, fm, ops = direct_relay(EXACT)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
+    fm.publish_ready = None
+    relay.flush()
+    assert fm.publish_ready is not None
+    assert ("relay3", "record", fm.publish_ready.name) in ops.log
+
+
+def test_fencing_keeps_the_pending_publishs_tensors_alive_on_the_callers_stream():
+    relay, fm, ops = direct_relay(EXACT)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
+    ops.log.clear()
+    relay.fence_current_stream()
+    assert ops.log == [("schedule", "wait_event", fm.publish_ready.name),
+                       ("schedule", "record_stream"), ("schedule", "record_stream")]
+
+
+# ----------------------------------------------------------------------------- graph capture
+
+
 def test_a_publish_under_graph_capture_lands_at_once_in_the_capture(fake):
     ops, fm, relay = fake.ops, fake.fm, fake.relay
     fm.resolve_seq_lens_cpu(decode_batch([1, 2], CFG))  # consume the pending publish
@@ -226,6 +212,72 @@ def test_a_publish_pending_when_capture_begins_lands_outside_it(fake):
     assert fm.__dict__["new_seq_lens_buf"][[1, 2, 4]].tolist() == [10, 20, 40]
 
 
+def test_a_captured_publish_runs_on_the_kernel_and_logs_the_pending_one_once(caplog):
+    relay, fm, ops = direct_relay(EXACT)
+    backend = relay.launcher.backend
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        for value in (10, 11):
+            with ops.on(ops.forward):
+                relay.publish(fm, torch.tensor([1]), torch.tensor([value]))  # pending
+            ops.capturing_now = True
+            with ops.on(ops.forward):
+                relay.publish(fm, torch.tensor([2]), torch.tensor([value + 10]))
+            ops.capturing_now = False
+    assert relay.launcher.backend == backend and relay.pending is None
+    assert fm.new_seq_lens_buf[1:3].tolist() == [11, 21]
+    assert messages(caplog) == ["spec_fused: a publish pending when CUDA-graph capture began "
+                                 "was landed outside the capture"]
+
+
+def test_a_bad_captured_publish_raises_the_clear_error_and_keeps_the_kernel(caplog):
+    from spec_fused.kernels.checks import InputTypeError
+
+    relay, fm, ops = direct_relay(EXACT)
+    backend = relay.launcher.backend
+    ops.capturing_now = True
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        with pytest.raises(InputTypeError, match="publish_values must be an integer tensor"):
+            with ops.on(ops.forward):
+                relay.publish(fm, torch.tensor([1]), torch.tensor([1.5]))
+    assert relay.launcher.backend == backend and messages(caplog) == []
+
+
+def test_a_captured_publish_arms_consume_once_as_upstreams_publish_does():
+    upstream_fm = make_future_map("EAGLE", CFG)
+    upstream_fm.publish(torch.tensor([4]), torch.tensor([40]))
+    relay, fm, ops = direct_relay(EXACT)
+    assert relay.consume_once_flag
+    fm._publish_fresh = False
+    ops.capturing_now = True
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
+    assert fm._publish_fresh is upstream_fm._publish_fresh is True
+
+
+class _ScatteredByAGraph:
+    """A FutureMap whose relay buffers are a class-level property (no instance ``_relay``):
+    a captured verify graph has already scattered ``published_seq_lens``."""
+
+    _relay = property(lambda self: self._buffers)
+
+    def __init__(self, published):
+        self.new_seq_lens_buf = torch.zeros(CFG.pool, dtype=torch.int64)
+        self.needs_cpu_seq_lens = True
+        self.publish_ready = None
+        self._buffers = SimpleNamespace(published_seq_lens=published)
+
+
+def test_relay_buffers_found_on_the_class_are_used():
+    published = torch.tensor([5])
+    fm = _ScatteredByAGraph(published)
+    relay = relay_mod.FusedRelay(fm, EXACT, debug=False, ops=None)
+    relay.publish(fm, torch.tensor([1]), published)
+    assert relay.pending is None and fm._buffers.published_seq_lens is None
+
+
+# ----------------------------------------------------------------------------- the private stream
+
+
 @contextlib.contextmanager
 def _published_on_the_forward(monkeypatch, relay_handles, publishes):
     """A patched FutureMap whose relay draws its private stream from ``relay_handles``
@@ -253,6 +305,20 @@ def test_the_private_stream_is_redrawn_when_it_is_one_of_sglangs(monkeypatch):
         fm.resolve_seq_lens_cpu(batch)
         assert relay.relay_stream.cuda_stream == 5  # neither schedule (1) nor forward (2)
         assert batch.seq_lens_cpu.tolist() == [10]
+
+
+def test_the_private_stream_is_redrawn_when_it_is_futuremaps_d2h_stream():
+    ops = FakeOps(relay_handles=(7, 5))
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
+    fm.fwd_prepare_d2h_stream = FakeStream("d2h", ops.log, 7)
+    relay = relay_mod.FusedRelay(fm, EXACT, debug=False, ops=ops)
+    assert relay.relay_stream.cuda_stream == 7
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
+    batch = decode_batch([1], CFG)
+    relay.resolve(fm, batch)
+    assert relay.relay_stream.cuda_stream == 5
+    assert batch.seq_lens_cpu.tolist() == [10] and batch.seq_lens_sum == 10
 
 
 def test_every_caller_stream_is_vetted_before_the_private_stream_runs_its_work(monkeypatch):
