@@ -19,7 +19,7 @@ from spec_fused.kernels import publish_gather as kernel  # noqa: E402
 from spec_fused.kernels.checks import PoisonedSlotError  # noqa: E402
 from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference  # noqa: E402
 from spec_fused.kernels.step_launcher import PublishGather  # noqa: E402
-from spec_fused.traces import TraceConfig, decode_batch, make_future_map, run_trace  # noqa: E402
+from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map, run_trace  # noqa: E402
 
 DEV = torch.device("cuda")
 

@@ -26,7 +26,7 @@ from support.upstream_rules import (  # noqa: E402
 
 from spec_fused import relay as relay_mod  # noqa: E402
 from spec_fused.integration import sglang_patch  # noqa: E402
-from spec_fused.traces import TraceConfig, make_future_map, run_trace  # noqa: E402
+from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace  # noqa: E402
 
 Scheduler = scheduler_mod.Scheduler
 CFG = TraceConfig(pool=16, max_len=8)

@@ -75,7 +75,7 @@ def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(schedule
     from support.upstream_rules import barrier_calls, make_scheduler, server_config
 
     from spec_fused import relay as relay_mod
-    from spec_fused.traces import TraceConfig, make_future_map
+    from spec_fused.tools.traces import TraceConfig, make_future_map
 
     monkeypatch.delenv("SPEC_FUSED_WAR_BARRIER", raising=False)
     algo = SpeculativeAlgorithm.EAGLE
@@ -108,7 +108,7 @@ def test_traces_under_the_filed_caps_match_upstream(scheduler_cls, algorithm, ne
     from support.upstream_rules import barrier_calls, expected_host, make_scheduler, server_config
 
     from spec_fused import relay as relay_mod
-    from spec_fused.traces import TraceConfig, make_future_map, run_trace
+    from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace
 
     for name in ("SPEC_FUSED_HOST_SEQ_LENS", "SPEC_FUSED_WAR_BARRIER"):
         monkeypatch.delenv(name, raising=False)

@@ -140,7 +140,7 @@ def test_arguments_the_replacements_do_not_know_go_to_sglangs_original(tmp_path,
     SPEC_FUSED_ALLOW_UNTESTED=1) is SGLang's own publish, after the pending one lands:
     never a TypeError from the replacement inside the scheduler loop."""
     from spec_fused import relay as relay_mod
-    from spec_fused.traces import TraceConfig, decode_batch
+    from spec_fused.tools.traces import TraceConfig, decode_batch
 
     module = installed_as(_edited(tmp_path, _new_keyword))
     monkeypatch.setenv("SPEC_FUSED_ALLOW_UNTESTED", "1")
@@ -159,6 +159,6 @@ def test_arguments_the_replacements_do_not_know_go_to_sglangs_original(tmp_path,
 
 
 def _pool(cfg):
-    from spec_fused.traces import make_pool
+    from spec_fused.tools.traces import make_pool
 
     return make_pool(cfg.pool, cfg.max_len)

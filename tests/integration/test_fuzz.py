@@ -17,7 +17,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference
 from spec_fused.kernels.step_launcher import PublishGather
-from spec_fused.traces import TraceConfig, decode_batch, unpatched_then_patched
+from spec_fused.tools.traces import TraceConfig, decode_batch, unpatched_then_patched
 
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
           torch.float32, torch.float16]

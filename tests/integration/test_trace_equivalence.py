@@ -16,7 +16,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from spec_fused import relay as relay_mod
 from spec_fused.integration import sglang_patch
-from spec_fused.traces import TraceConfig, decode_batch, make_future_map, run_trace
+from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map, run_trace
 
 RELEASE = expectation_for()
 ALGORITHMS = [m.name for m in SpeculativeAlgorithm if m.name != "NONE"]
@@ -106,7 +106,7 @@ def test_a_publish_with_confidence_goes_to_sglang_after_the_pending_one_lands():
         fm.resolve_seq_lens_cpu(batch)
         return batch.seq_lens.tolist(), batch.seq_lens_cpu.tolist(), batch.seq_lens_sum
 
-    from spec_fused.traces import unpatched_then_patched
+    from spec_fused.tools.traces import unpatched_then_patched
 
     want, got = unpatched_then_patched(drive, "DSPARK", TraceConfig())
     assert got == want == ([10, 21, 30], [10, 21, 30], 61)
@@ -188,7 +188,7 @@ def test_buffers_adopted_after_the_relay_exists(needs_cpu, swap_with_pending):
         return seen, fm.new_seq_lens_buf is fm._relay.new_seq_lens, \
             fm._relay.new_seq_lens[1:6].tolist()
 
-    from spec_fused.traces import unpatched_then_patched
+    from spec_fused.tools.traces import unpatched_then_patched
 
     want, got = unpatched_then_patched(drive, "EAGLE", cfg, needs_cpu_seq_lens=needs_cpu)
     assert got == want and got[1] is True
@@ -212,7 +212,7 @@ def test_the_stream_ordered_resolve_is_sglangs_after_the_pending_publish(needs_c
                         else batch.seq_lens_cpu.tolist(), batch.seq_lens_sum))
         return out
 
-    from spec_fused.traces import unpatched_then_patched
+    from spec_fused.tools.traces import unpatched_then_patched
 
     want, got = unpatched_then_patched(drive, "EAGLE", cfg, needs_cpu_seq_lens=needs_cpu)
     assert got == want

@@ -21,7 +21,7 @@ from compat.expectations import expectation_for
 
 from spec_fused import relay as relay_mod
 from spec_fused.integration import sglang_patch
-from spec_fused.traces import TraceConfig, decode_batch, make_future_map
+from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
 
 RELEASE = expectation_for()
 CFG = TraceConfig(pool=8, max_len=32)

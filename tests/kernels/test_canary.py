@@ -12,7 +12,7 @@ from support.fake_triton import FakeCompiled, bound_launcher
 from spec_fused import relay as relay_mod
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import publish_gather as kernel
-from spec_fused.traces import TraceConfig, make_future_map, run_trace
+from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace
 
 
 @pytest.fixture(autouse=True)

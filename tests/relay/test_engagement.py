@@ -18,7 +18,7 @@ from spec_fused import cuda_ops, upstream
 from spec_fused import relay as relay_mod
 from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
-from spec_fused.traces import TraceConfig, make_future_map
+from spec_fused.tools.traces import TraceConfig, make_future_map
 
 EXACT = SpecCaps(True, "exact", "test")
 NO_HOST = SpecCaps(False, "none", "test")

@@ -21,7 +21,7 @@ from spec_fused.integration import sglang_patch
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import publish_gather as pg
 from spec_fused.kernels import step_launcher
-from spec_fused.traces import TraceConfig, decode_batch, make_future_map, run_trace
+from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map, run_trace
 
 CFG = TraceConfig(seed=7, steps=40, pool=40, max_running=12)
 EAGLE = SpeculativeAlgorithm.EAGLE

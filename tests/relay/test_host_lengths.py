@@ -19,7 +19,7 @@ from support.fake_cuda import direct_relay
 from spec_fused import relay as relay_mod
 from spec_fused.caps import SpecCaps
 from spec_fused.kernels.checks import PoisonedSlotError, StaleHostMirrorError
-from spec_fused.traces import (
+from spec_fused.tools.traces import (
     TraceConfig,
     decode_batch,
     make_future_map,

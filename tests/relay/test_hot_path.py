@@ -15,7 +15,7 @@ from spec_fused import relay as relay_mod
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import checks
 from spec_fused.kernels import publish_gather as pg
-from spec_fused.traces import TraceConfig, decode_batch, patched_future_map
+from spec_fused.tools.traces import TraceConfig, decode_batch, patched_future_map
 
 CFG = TraceConfig(pool=32)
 EAGLE, DFLASH = SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.DFLASH
@@ -136,7 +136,7 @@ def test_the_ladder_never_falls_to_null(monkeypatch):
 
 
 def test_doctor_shows_the_relay_backend(monkeypatch):
-    from spec_fused import doctor
+    from spec_fused.tools import doctor
 
     monkeypatch.setenv("SPEC_FUSED_FORCE_BACKEND", "null")
     monkeypatch.setenv("SPEC_FUSED_BENCH", "1")

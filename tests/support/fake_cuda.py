@@ -6,7 +6,7 @@ launches themselves run on CPU tensors (Triton interpreter), so the lengths are 
 too. ``direct_relay`` builds a ``FusedRelay`` on an unpatched FutureMap, driven directly."""
 
 from spec_fused import relay as relay_mod
-from spec_fused.traces import TraceConfig, make_future_map
+from spec_fused.tools.traces import TraceConfig, make_future_map
 
 CFG = TraceConfig(pool=16, max_len=32)
 

@@ -188,7 +188,7 @@ def check_barrier_configuration(scheduler_cls, algorithm, *, needs_cpu, tbo, wor
     ``_war_barrier_enabled``, what ``_apply_war_barrier`` then does, and the host lengths
     the relay of its FutureMap gives, all against the rules above."""
     from spec_fused import relay as relay_mod
-    from spec_fused.traces import TraceConfig, make_future_map
+    from spec_fused.tools.traces import TraceConfig, make_future_map
 
     if env is None:
         monkeypatch.delenv("SPEC_FUSED_WAR_BARRIER", raising=False)

@@ -24,7 +24,7 @@ from support.upstream_rules import expected_barrier  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def unpatched_after():
-    from spec_fused import measure
+    from spec_fused.tools import measure
 
     yield
     measure.set_patched(False)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_fused import doctor
+from spec_fused.tools import doctor
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
@@ -50,7 +50,7 @@ md.distribution = _hide(md.distribution)
 md.metadata = _hide(md.metadata)
 
 sys.argv = ["spec-fused", *sys.argv[1:]]
-from spec_fused.cli import main
+from spec_fused.tools.cli import main
 sys.exit(main())
 """
 

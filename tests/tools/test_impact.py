@@ -1,4 +1,4 @@
-"""The "where it helps" table (spec_fused/impact.py) held to the installed release's source:
+"""The "where it helps" table (spec_fused/tools/impact.py) held to the installed release's source:
 which attention backends opt out of host lengths and on what condition, which draft
 backends DFLASH keeps, and what upstream's relay step does (the copy, the sync) that the
 cost columns claim. The compat tier runs this once per tested release."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_fused import impact
+from spec_fused.tools import impact
 from spec_fused.integration import sglang_patch
 from spec_fused.upstream import module_source
 

@@ -1,5 +1,5 @@
 """The README says what the code and the committed results say: its generated tables are
-current (the impact table from spec_fused/impact.py, the results from bench/results/cpu,
+current (the impact table from spec_fused/tools/impact.py, the results from bench/results/cpu,
 the compatibility table from tests/compat/results.json)."""
 
 import importlib.util

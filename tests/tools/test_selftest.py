@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_fused import selftest
+from spec_fused.tools import selftest
 
 ROOT = Path(__file__).resolve().parents[2]
 
