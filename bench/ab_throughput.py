@@ -63,6 +63,7 @@ from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton i
 import torch
 
 from bench.overlap_model import WORKLOADS, OverlapLoop, Workload, make_timeline
+from spec_fused import settings
 from spec_fused.tools import measure, traces
 
 ARMS = ("A", "B", "C")
@@ -96,7 +97,7 @@ def production_caps(algorithm: str, needs_cpu_seq_lens: bool, env: Optional[dict
 
     from spec_fused.relay import future_map_caps
 
-    with measure.env_set(env):
+    with settings.overridden(env):
         return future_map_caps(SimpleNamespace(spec_algo=SpeculativeAlgorithm[algorithm],
                                                needs_cpu_seq_lens=needs_cpu_seq_lens))
 

@@ -42,6 +42,7 @@ from spec_fused.kernels.checks import (
     StaleHostMirrorError,
 )
 from spec_fused.kernels.step_launcher import PublishGather
+from spec_fused.log import log_once
 from spec_fused.upstream import debug_enabled, sglang_tracks_seq_lens
 
 logger = logging.getLogger("spec_fused")
@@ -51,7 +52,6 @@ DISABLED_ATTR = "_spec_fused_disabled"  # a relay handed back to SGLang, kept fo
 CAPS_ATTR = "_spec_fused_caps"  # set by the scheduler patch, which knows worker + backends
 BUF_ATTR = "new_seq_lens_buf"
 
-_logged: set = set()
 live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()  # for remove() to flush
 # What is the caller's fault (bad input, raised before anything is written) or a caught
 # bug (SGLang's own debug assertions, the consume-once and stamp checks): raised to the
@@ -59,13 +59,6 @@ live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()  # for remove() t
 # launcher raises ValueError/TypeError for its own failures too - is the backend's.
 NOT_A_BACKEND_FAILURE = (InputError, InputTypeError, AssertionError, PoisonedSlotError,
                          StaleHostMirrorError)
-
-
-def log_once(key, msg, *args, level=logging.WARNING) -> None:
-    if key in _logged:
-        return
-    _logged.add(key)
-    logger.log(level, "spec_fused: " + msg, *args)
 
 
 class BackendsDecision:

@@ -89,16 +89,16 @@ def kernel_launches(monkeypatch):
 @pytest.fixture
 def patched():
     """spec_fused applied to the real SGLang for one test, removed after it."""
-    from spec_fused import relay
+    from spec_fused import log
     from spec_fused.integration import sglang_patch
 
-    relay._logged.clear()
+    log.reset()
     report = sglang_patch.apply()
     try:
         yield report
     finally:
         sglang_patch.remove()
-        relay._logged.clear()
+        log.reset()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import torch
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
+from spec_fused import log  # noqa: E402
 from spec_fused import relay as relay_mod  # noqa: E402
 from spec_fused.integration import sglang_patch  # noqa: E402
 from spec_fused.kernels import backend as backend_mod  # noqa: E402
@@ -26,7 +27,7 @@ DEV = torch.device("cuda")
 
 @pytest.fixture
 def patched():
-    relay_mod._logged.clear()
+    log.reset()
     sglang_patch.apply()
     yield
     sglang_patch.remove()

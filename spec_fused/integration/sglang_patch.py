@@ -26,23 +26,24 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from spec_fused import relay as _relay
+from spec_fused import settings
 from spec_fused.cuda_ops import unsupported_device
 from spec_fused.integration import code_check
 from spec_fused.integration.hooks import PatchSet
+from spec_fused.log import log_once
 from spec_fused.releases import TESTED_RELEASES, support_status
 
 logger = logging.getLogger("spec_fused")
 
 PLUGIN_NAME = "spec_fused"
-ENV_DISABLE = "SPEC_FUSED_DISABLE"
-ENV_ALLOW_UNTESTED = "SPEC_FUSED_ALLOW_UNTESTED"
+ENV_DISABLE = settings.DISABLE.name
+ENV_ALLOW_UNTESTED = settings.ALLOW_UNTESTED.name
 OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
 SCHEDULER = "sglang.srt.managers.scheduler"
 
@@ -72,7 +73,7 @@ _report: Optional[PatchReport] = None
 def disabled_by(env=None) -> Optional[str]:
     """The ``SPEC_FUSED_DISABLE`` setting that turns the plugin off, or None when it is on.
     Unset, "", "0", "false", "no" and "off" leave it on; any other value turns it off."""
-    raw = (os.environ if env is None else env).get(ENV_DISABLE, "")
+    raw = settings.DISABLE.raw(env)
     return None if raw.strip().lower() in ("", "0", "false", "no", "off") else raw
 
 
@@ -161,7 +162,7 @@ def verify_code(version: str, module) -> code_check.CodeVerdict:
     if found.tested:
         return found
     message = f"SGLang {version}: {found.describe()}: not tested"
-    if os.environ.get(ENV_ALLOW_UNTESTED) == "1":
+    if settings.ALLOW_UNTESTED.on():
         return found
     raise UnsupportedSGLangError(f"{message}; set {ENV_ALLOW_UNTESTED}=1 to try it anyway")
 
@@ -186,7 +187,7 @@ def _on_failure(fm, relay, exc, what):
     if isinstance(exc, (InputError, InputTypeError, PoisonedSlotError, StaleHostMirrorError,
                         *_PASSTHROUGH)):
         raise exc
-    _relay.log_once(("fallback", what, type(exc).__name__),
+    log_once(("fallback", what, type(exc).__name__),
                     "fused %s failed (%s: %s); SGLang's own relay takes over this FutureMap",
                     what, type(exc).__name__, exc)
     disable(fm, relay, f"{what}: {exc}")
@@ -307,7 +308,7 @@ def prewarm_for(fm, buf) -> None:
 
         prewarm(buf.device, debug=debug_enabled())  # the launcher the relay will build
     except Exception as exc:
-        _relay.log_once(("prewarm", type(exc).__name__),
+        log_once(("prewarm", type(exc).__name__),
                         "could not compile the fused kernel ahead of serving (%s: %s)",
                         type(exc).__name__, exc)
 
@@ -343,7 +344,7 @@ def _scheduler_caps(sched):
     buf = future_map.__dict__.get(_relay.BUF_ATTR)
     unsupported = None if buf is None else unsupported_device(buf.device)
     if unsupported is not None:
-        _relay.log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
+        log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
                         unsupported)
         return None
     caps = _relay.future_map_caps(future_map, worker=getattr(sched, "draft_worker", None),
@@ -373,7 +374,7 @@ def _war_barrier_property():
         try:
             caps = _scheduler_caps(self)
         except Exception as exc:
-            _relay.log_once(("war-caps", type(exc).__name__),
+            log_once(("war-caps", type(exc).__name__),
                             "no capabilities for the WAR barrier decision (%s); keeping "
                             "SGLang's", str(exc).strip('"'))
             caps = None
@@ -382,7 +383,7 @@ def _war_barrier_property():
             return
         self.__dict__[key] = bool(platform_gate) and caps.needs_war_barrier
         if platform_gate and not caps.needs_war_barrier:
-            _relay.log_once(("war-off", str(self.spec_algorithm)),
+            log_once(("war-off", str(self.spec_algorithm)),
                             "WAR barrier off for %s (%s)",
                             getattr(self.spec_algorithm, "name", self.spec_algorithm),
                             caps.why_barrier(), level=logging.WARNING)
@@ -393,12 +394,12 @@ def _war_barrier_property():
 def _patch_scheduler(patches: PatchSet, module, version: str) -> None:
     scheduler = getattr(module, "Scheduler", None)
     if not isinstance(scheduler, type) or "_apply_war_barrier" not in scheduler.__dict__:
-        _relay.log_once("no-war", "%s.Scheduler has no _apply_war_barrier; the WAR barrier "
+        log_once("no-war", "%s.Scheduler has no _apply_war_barrier; the WAR barrier "
                         "stays as SGLang decides it", SCHEDULER)
         return
     found = code_check.check_module(module, prefer=version)
-    if not found.tested and os.environ.get(ENV_ALLOW_UNTESTED) != "1":
-        _relay.log_once("war-code", "SGLang %s: %s: not tested; the WAR barrier stays as "
+    if not found.tested and not settings.ALLOW_UNTESTED.on():
+        log_once("war-code", "SGLang %s: %s: not tested; the WAR barrier stays as "
                         "SGLang decides it", version, found.describe())
         return
     patches.set_attr(scheduler, "_war_barrier_enabled", _war_barrier_property())

@@ -10,14 +10,14 @@ run here - and ``doctor`` reports it from this module.
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
+from spec_fused import settings
 from spec_fused.kernels import publish_gather as kernel
+from spec_fused.log import emit
 
 __all__ = ["BACKENDS", "ENV_BENCH", "ENV_FORCE_BACKEND", "Verdict", "backend_for", "canary",
            "explain_backend", "explain_relay_backend", "prewarm", "verdict_for"]
@@ -30,7 +30,7 @@ BACKENDS = ("triton", "interpreter", "reference", "null")
 def explain_backend(device) -> tuple[str, str]:
     """``(backend, why)`` for ``device``: what :func:`backend_for` picks, and the reason."""
     device = torch.device(device)
-    if os.environ.get("SPEC_FUSED_FORCE_REFERENCE") == "1":
+    if settings.FORCE_REFERENCE.on():
         return "reference", "SPEC_FUSED_FORCE_REFERENCE=1"
     proven = _verdicts.get(str(device))
     if proven is not None and proven.backend == "reference" and proven.downgraded:
@@ -48,8 +48,8 @@ def explain_backend(device) -> tuple[str, str]:
     return "reference", f"Triton cannot drive {device.type} here: plain-torch reference"
 
 
-ENV_FORCE_BACKEND = "SPEC_FUSED_FORCE_BACKEND"
-ENV_BENCH = "SPEC_FUSED_BENCH"
+ENV_FORCE_BACKEND = settings.FORCE_BACKEND.name
+ENV_BENCH = settings.BENCH.name
 
 
 def explain_relay_backend(device) -> tuple[str, str]:
@@ -61,7 +61,7 @@ def explain_relay_backend(device) -> tuple[str, str]:
     ignored = ignored_force_backend()
     if ignored is not None:
         return backend, f"{why} ({ignored})"
-    if not os.environ.get(ENV_FORCE_BACKEND, ""):
+    if not settings.FORCE_BACKEND.raw():
         return backend, why
     return "null", f"{ENV_FORCE_BACKEND}=null with {ENV_BENCH}=1: no device work, " \
                    f"results unspecified (benchmarks only)"
@@ -71,12 +71,12 @@ def ignored_force_backend() -> Optional[str]:
     """Why ``SPEC_FUSED_FORCE_BACKEND`` is set but ignored (a typo, or ``null`` without
     ``SPEC_FUSED_BENCH=1``), or None: a server ignores it with a warning, ``selftest``
     calls it a bad override."""
-    forced = os.environ.get(ENV_FORCE_BACKEND, "")
+    forced = settings.FORCE_BACKEND.raw()
     if not forced:
         return None
     if forced != "null":
         return f"{ENV_FORCE_BACKEND}={forced!r} ignored: only 'null' is known"
-    if os.environ.get(ENV_BENCH) != "1":
+    if not settings.BENCH.on():
         return f"{ENV_FORCE_BACKEND}=null ignored: it needs {ENV_BENCH}=1"
     return None
 
@@ -264,8 +264,7 @@ def _on_reference(verdict: Verdict, why: str) -> Verdict:
 
 
 def _log(device, note: str) -> None:
-    logging.getLogger("spec_fused").warning("spec_fused: start-up canary on %s: %s",
-                                            device, note)
+    emit("start-up canary on %s: %s", device, note)
 
 
 def prewarm(device, *, debug: bool = False) -> Verdict:

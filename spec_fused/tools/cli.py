@@ -187,14 +187,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_selftest(args: argparse.Namespace) -> int:
-    import os
-
     import torch
+
+    from spec_fused import settings
 
     if not torch.cuda.is_available() and "triton" not in sys.modules:
         # On a CPU the fused kernel can only run in Triton's interpreter, which must be
         # chosen before Triton is imported.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        settings.TRITON_INTERPRET.set_default("1")
     from spec_fused.tools import selftest
 
     with contextlib.redirect_stdout(sys.stderr if args.json == "-" else sys.stdout):

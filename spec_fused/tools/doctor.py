@@ -16,11 +16,12 @@ but never called.
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import subprocess
 from typing import Any, Callable, Mapping, Optional
+
+from spec_fused import settings
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -38,8 +39,8 @@ __all__ = [
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "spec_fused"
 EXPECTED_ENTRY_POINT = "spec_fused.integration.sglang_patch:register"
-ENV_DISABLE = "SPEC_FUSED_DISABLE"
-ENV_PLUGINS = "SGLANG_PLUGINS"
+ENV_DISABLE = settings.DISABLE.name
+ENV_PLUGINS = settings.SGLANG_PLUGINS.name
 NVIDIA_SMI_TIMEOUT_S = 5.0
 
 
@@ -213,7 +214,7 @@ def plugin_status(env: Optional[Mapping[str, str]] = None) -> dict:
     ``SGLANG_PLUGINS`` whitelist lists it) and :func:`register` (``SPEC_FUSED_DISABLE``
     and ``check_supported()``). Every check is reported with its reason; ``reasons`` holds
     the failing ones only, so ``would_load`` is exactly ``reasons == []``."""
-    env = os.environ if env is None else env
+    env = settings.source(env)
     checks = []
 
     eps = _safely(_find_entry_points, lambda exc: exc)

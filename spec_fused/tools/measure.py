@@ -22,14 +22,13 @@ the caller interleaves providers and takes medians. Nothing here asserts a time.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import os
 import time
 from typing import Callable, Optional
 
 import torch
 
+from spec_fused import settings
 from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
 
 try:  # the empty-launch floor needs Triton; everything else does not
@@ -43,25 +42,9 @@ except Exception:  # pragma: no cover - no Triton
     _empty_kernel = None
 
 __all__ = ["NULL_ENV", "Provider", "arm_future_map", "build_providers", "device_us",
-           "env_set", "set_patched", "time_block"]
+           "set_patched", "time_block"]
 
-NULL_ENV = {"SPEC_FUSED_FORCE_BACKEND": "null", "SPEC_FUSED_BENCH": "1"}
-
-
-@contextlib.contextmanager
-def env_set(values: Optional[dict]):
-    """Set ``values`` in ``os.environ`` for the block, restoring what was there."""
-    values = values or {}
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+NULL_ENV = {settings.FORCE_BACKEND.name: "null", settings.BENCH.name: "1"}
 
 
 def set_patched(patched: bool) -> None:
@@ -83,7 +66,7 @@ def arm_future_map(algorithm: str, device, pool: int, *, fused: bool,
     its relay made at once under ``env``. Returns ``(future_map, relay_or_None)``; the
     patch state is left as ``fused`` says."""
     set_patched(fused)
-    with env_set(env if fused else None):
+    with settings.overridden(env if fused else None):
         fm = make_future_map(algorithm.upper(), TraceConfig(pool=pool, max_len=1),
                              device=device, needs_cpu_seq_lens=needs_cpu_seq_lens)
         relay = None

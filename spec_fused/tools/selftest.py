@@ -26,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import platform
 import statistics
 import time
 from typing import Optional
 
 import torch
+
+from spec_fused import settings
 
 __all__ = ["render", "run"]
 
@@ -44,8 +45,8 @@ BATCHES = (1, 32, 256, 1024)
 CONFIGS = (
     (True, {}, True),
     (False, {}, True),
-    (False, {"SPEC_FUSED_HOST_SEQ_LENS": "reserved"}, False),
-    (False, {"SPEC_FUSED_HOST_SEQ_LENS": "reserved", "SPEC_FUSED_WAR_BARRIER": "0"}, False),
+    (False, {settings.HOST_SEQ_LENS.name: "reserved"}, False),
+    (False, {settings.HOST_SEQ_LENS.name: "reserved", settings.WAR_BARRIER.name: "0"}, False),
 )
 
 
@@ -88,13 +89,12 @@ def _no_sync(device):
 def _configs():
     """``CONFIGS`` less the overridden ones whose variables the environment sets."""
     for needs_cpu, env, every_seed in CONFIGS:
-        if env and any(k in os.environ for k in env):
+        if env and any(k in settings.source() for k in env):
             continue
         yield needs_cpu, env, every_seed
 
 
 def _correctness_case(algorithm, needs_cpu, seed, device, quick, env=None) -> dict:
-    from spec_fused.tools import measure
     from spec_fused.tools.traces import TraceConfig
 
     cfg = TraceConfig(seed=seed, pool=256, steps=20 if quick else 40, max_running=32,
@@ -102,7 +102,7 @@ def _correctness_case(algorithm, needs_cpu, seed, device, quick, env=None) -> di
                       verify_cycles=200_000 if device.type == "cuda" else 0)
     case = {"algorithm": algorithm, "needs_cpu_seq_lens": int(needs_cpu), "seed": seed,
             "env": dict(env or {})}
-    with measure.env_set(env):
+    with settings.overridden(env):
         return _check_trace(case, algorithm, needs_cpu, cfg, device)
 
 
@@ -193,11 +193,11 @@ _LOG = _Log()
 def run(*, quick: bool = False, device: Optional[str] = None) -> dict:
     """Everything ``selftest`` checks, as one JSON-serialisable dict; ``ok`` is the
     verdict (the exit status is 0 exactly when it is True)."""
-    from spec_fused import relay as relay_mod
+    from spec_fused import log
 
-    logger = logging.getLogger("spec_fused")
+    logger = log.logger
     _LOG.lines.clear()
-    relay_mod._logged.clear()
+    log.reset()
     logger.addHandler(_LOG)
     level = logger.level
     logger.setLevel(logging.INFO)

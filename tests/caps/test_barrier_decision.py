@@ -18,6 +18,7 @@ from support.upstream_rules import (
     light_scheduler,
 )
 
+from spec_fused import log
 from spec_fused.integration import sglang_patch
 from spec_fused.integration.hooks import PatchSet
 
@@ -46,8 +47,6 @@ def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
     """An ``_apply_war_barrier`` that is not a tested release's: not patched, one line."""
     import logging
 
-    from spec_fused import relay as relay_mod
-
     light_scheduler(tmp_path)
     path = tmp_path / "light_scheduler.py"
     path.write_text(path.read_text().replace("if not self._war_barrier_enabled:",
@@ -55,7 +54,7 @@ def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
     spec = importlib.util.spec_from_file_location("sglang.srt.managers.scheduler", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    relay_mod._logged.clear()
+    log.reset()
     patches = PatchSet()
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         sglang_patch._patch_scheduler(patches, module, sglang_patch._sglang_version())

@@ -118,3 +118,38 @@ def test_the_cycle_finder_finds_a_cycle():
 @pytest.mark.xfail(strict=True, reason="kernels cycle: lead fixes in main")
 def test_no_import_cycle_among_spec_fused_modules():
     assert _cycles(_graph()) == []
+
+
+def _reads_the_environment(path: Path) -> list:
+    """Lines of ``path`` that touch ``os.environ`` or call ``os.getenv``/``getenv``."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Name) and node.id in ("environ", "getenv"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in ("environ", "getenv") for a in node.names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_settings_module_reads_the_environment():
+    readers = {name: lines for name, path in _modules().items()
+               if (lines := _reads_the_environment(path))}
+    assert set(readers) == {"spec_fused.settings"}, readers
+
+
+def test_every_variable_named_is_declared_in_the_settings():
+    import re
+
+    from spec_fused import settings
+
+    declared = {s.name for s in settings.SETTINGS}
+    root = PACKAGE.parent
+    sources = [*PACKAGE.rglob("*.py"), root / "README.md", root / "run.sh",
+               *(root / "scripts").glob("*.sh"), *(root / "scripts").glob("*.py"),
+               *(root / "bench").glob("*.py"), *(root / "bench").glob("*.sh")]
+    named = {m for p in sources if p.exists()
+             for m in re.findall(r"\bSPEC_FUSED_[A-Z][A-Z_]*[A-Z]\b", p.read_text("utf-8"))}
+    assert named and named <= declared, sorted(named - declared)

@@ -19,6 +19,7 @@ import pytest
 import torch
 from compat.expectations import expectation_for
 
+from spec_fused import log
 from spec_fused import relay as relay_mod
 from spec_fused.integration import sglang_patch
 from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
@@ -110,7 +111,7 @@ def test_consume_once_arms_on_publish_and_is_consumed_only_in_debug(side, monkey
     from sglang.srt.managers import overlap_utils
 
     monkeypatch.setattr(overlap_utils, "_DEBUG_ASSERT", debug)
-    relay_mod._logged.clear()
+    log.reset()
     fm = _published_future_map(side)
     assert fm._publish_fresh is True
     fm.resolve_seq_lens_cpu(decode_batch(_SLOTS, CFG))

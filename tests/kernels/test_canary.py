@@ -9,6 +9,7 @@ import logging
 import pytest
 from support.fake_triton import FakeCompiled, bound_launcher
 
+from spec_fused import log
 from spec_fused import relay as relay_mod
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import publish_gather as kernel
@@ -18,7 +19,7 @@ from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace
 @pytest.fixture(autouse=True)
 def fresh_verdicts():
     backend_mod._verdicts.clear()
-    relay_mod._logged.clear()
+    log.reset()
     yield
     backend_mod._verdicts.clear()
 

@@ -14,6 +14,7 @@ import torch
 from support.fake_triton import N_ARGS, FakeCompiled, ReadyFast
 from support.fake_triton import bound_launcher as _bound_launcher
 
+from spec_fused import log
 from spec_fused.kernels import direct_launch as launcher_mod
 from spec_fused.kernels import step_launcher
 from spec_fused.kernels.publish_gather import publish_gather_reference
@@ -102,7 +103,7 @@ def _fast(monkeypatch, device=0, kernel=None):
 def test_fast_launch_is_ready_with_no_hooks_and_not_otherwise(monkeypatch, caplog):
     from triton import knobs
 
-    launcher_mod._logged.clear()
+    log.reset()
     fast = _fast(monkeypatch)
     assert fast.ready()
     chain = knobs.runtime.launch_enter_hook

@@ -14,6 +14,7 @@ import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.fake_cuda import CFG, direct_relay, messages
 
+from spec_fused import log
 from spec_fused import cuda_ops, upstream
 from spec_fused import relay as relay_mod
 from spec_fused.caps import SpecCaps
@@ -27,9 +28,9 @@ EAGLE = SpeculativeAlgorithm.EAGLE
 
 @pytest.fixture(autouse=True)
 def _fresh_log_once():
-    relay_mod._logged.clear()
+    log.reset()
     yield
-    relay_mod._logged.clear()
+    log.reset()
 
 
 # ----------------------------------------------------------------------------- debug switches
@@ -70,7 +71,7 @@ def test_devices_the_relay_does_not_engage_on_keep_sglangs_path(device, why, cap
         fm = make_future_map(EAGLE, cfg)
         fm.__dict__["new_seq_lens_buf"] = torch.empty(8, dtype=torch.int64, device="meta")
         with caplog.at_level(logging.WARNING, logger="spec_fused"):
-            relay_mod._logged.clear()
+            log.reset()
             if device == "meta":
                 assert relay_mod.relay_for(fm) is None
                 assert any("not relaying on meta" in m for m in messages(caplog))

@@ -15,6 +15,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.fake_cuda import CFG as SMALL
 from support.fake_cuda import direct_relay
 
+from spec_fused import log
 from spec_fused import relay as relay_mod
 from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
@@ -30,9 +31,9 @@ EXACT = SpecCaps(True, "exact", "test")
 
 @pytest.fixture(autouse=True)
 def _fresh_log_once():
-    relay_mod._logged.clear()
+    log.reset()
     yield
-    relay_mod._logged.clear()
+    log.reset()
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def upstream():
 
 
 def _patched_run(algo=EAGLE, cfg=CFG, before_trace=None):
-    relay_mod._logged.clear()
+    log.reset()
     sglang_patch.apply()
     try:
         fm = make_future_map(algo, cfg)

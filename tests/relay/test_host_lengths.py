@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.fake_cuda import direct_relay
 
+from spec_fused import log
 from spec_fused import relay as relay_mod
 from spec_fused.caps import SpecCaps
 from spec_fused.kernels.checks import PoisonedSlotError, StaleHostMirrorError
@@ -120,7 +121,7 @@ def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypat
                                                                        caplog):
     if debug:
         monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
-    relay_mod._logged.clear()
+    log.reset()
     with patched_future_map(SpeculativeAlgorithm.EAGLE, SMALL) as fm:
         fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
         relay = relay_mod.relay_for(fm)

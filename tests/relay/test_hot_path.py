@@ -11,6 +11,7 @@ import pytest
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from spec_fused import log
 from spec_fused import relay as relay_mod
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import checks
@@ -102,7 +103,7 @@ def test_two_batches_in_flight_keep_their_own_lengths(algo, needs_cpu):
 
 def test_null_backend_needs_the_bench_switch(monkeypatch, caplog):
     monkeypatch.setenv("SPEC_FUSED_FORCE_BACKEND", "null")
-    relay_mod._logged.clear()
+    log.reset()
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         with patched_future_map(EAGLE, CFG) as fm:
             _step(fm, [1, 2], [5, 6])
@@ -128,7 +129,7 @@ def test_null_backend_runs_the_path_without_device_work(monkeypatch):
 
 def test_the_ladder_never_falls_to_null(monkeypatch):
     monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
-    relay_mod._logged.clear()
+    log.reset()
     with patched_future_map(EAGLE, CFG) as fm:
         batch = _step(fm, [1, 2], [5, 6])
         assert batch.seq_lens.tolist() == [5, 6]

@@ -17,6 +17,7 @@ import torch
 from compat.expectations import expectation_for
 from support.fake_cuda import FakeOps, FakeStream, direct_relay, messages
 
+from spec_fused import log
 from spec_fused import relay as relay_mod
 from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
@@ -28,9 +29,9 @@ EXACT = SpecCaps(True, "exact", "test")
 
 @pytest.fixture(autouse=True)
 def _fresh_log_once():
-    relay_mod._logged.clear()
+    log.reset()
     yield
-    relay_mod._logged.clear()
+    log.reset()
 
 
 # ----------------------------------------------------------------------------- resolve and publish
@@ -42,7 +43,7 @@ def fake(monkeypatch):
     launches marked in the log (which stream was current)."""
     ops = FakeOps()
     monkeypatch.setattr(relay_mod, "ops_for", lambda device: ops)
-    relay_mod._logged.clear()
+    log.reset()
     sglang_patch.apply()
     fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
     with ops.on(ops.forward):
