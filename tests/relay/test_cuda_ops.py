@@ -8,12 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.fake_cuda import direct_relay
+from support.fake_cuda import EXACT, direct_relay
 
 from spec_fused import cuda_ops
-from spec_fused.caps import SpecCaps
-
-EXACT = SpecCaps(True, "exact", "test")
 
 
 class _CudaStub:

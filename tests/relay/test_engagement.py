@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from support.fake_cuda import CFG, direct_relay, messages
+from support.fake_cuda import CFG, EXACT, direct_relay, messages
 
 from spec_fused import log
 from spec_fused import cuda_ops, upstream
@@ -21,16 +21,8 @@ from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
 from spec_fused.tools.traces import TraceConfig, make_future_map
 
-EXACT = SpecCaps(True, "exact", "test")
 NO_HOST = SpecCaps(False, "none", "test")
 EAGLE = SpeculativeAlgorithm.EAGLE
-
-
-@pytest.fixture(autouse=True)
-def _fresh_log_once():
-    log.reset()
-    yield
-    log.reset()
 
 
 # ----------------------------------------------------------------------------- debug switches

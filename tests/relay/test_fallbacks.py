@@ -13,11 +13,10 @@ import pytest
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.fake_cuda import CFG as SMALL
-from support.fake_cuda import direct_relay
+from support.fake_cuda import EXACT, direct_relay
 
 from spec_fused import log
 from spec_fused import relay as relay_mod
-from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import publish_gather as pg
@@ -26,14 +25,6 @@ from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map, 
 
 CFG = TraceConfig(seed=7, steps=40, pool=40, max_running=12)
 EAGLE = SpeculativeAlgorithm.EAGLE
-EXACT = SpecCaps(True, "exact", "test")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_log_once():
-    log.reset()
-    yield
-    log.reset()
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from support.fake_cuda import direct_relay
+from support.fake_cuda import EXACT, direct_relay
 
 from spec_fused import log
 from spec_fused import relay as relay_mod
-from spec_fused.caps import SpecCaps
 from spec_fused.kernels.checks import PoisonedSlotError, StaleHostMirrorError
 from spec_fused.tools.traces import (
     TraceConfig,
@@ -29,7 +28,6 @@ from spec_fused.tools.traces import (
 )
 
 CFG = TraceConfig(pool=16, max_len=32)
-EXACT = SpecCaps(True, "exact", "test")
 
 
 def _two_batch_ops():

@@ -15,23 +15,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 from compat.expectations import expectation_for
-from support.fake_cuda import FakeOps, FakeStream, direct_relay, messages
+from support.fake_cuda import EXACT, FakeOps, FakeStream, direct_relay, messages
 
 from spec_fused import log
 from spec_fused import relay as relay_mod
-from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
 from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
 
 CFG = TraceConfig(pool=16, max_len=32)
-EXACT = SpecCaps(True, "exact", "test")
-
-
-@pytest.fixture(autouse=True)
-def _fresh_log_once():
-    log.reset()
-    yield
-    log.reset()
 
 
 # ----------------------------------------------------------------------------- resolve and publish

@@ -6,9 +6,11 @@ launches themselves run on CPU tensors (Triton interpreter), so the lengths are 
 too. ``direct_relay`` builds a ``FusedRelay`` on an unpatched FutureMap, driven directly."""
 
 from spec_fused import relay as relay_mod
+from spec_fused.caps import SpecCaps
 from spec_fused.tools.traces import TraceConfig, make_future_map
 
 CFG = TraceConfig(pool=16, max_len=32)
+EXACT = SpecCaps(True, "exact", "test")  # a WAR-guarded relay with exact host lengths
 
 
 class FakeStream:
