@@ -36,7 +36,6 @@ from spec_fused import settings
 from spec_fused.cuda_ops import unsupported_device
 from spec_fused.integration import code_check
 from spec_fused.integration.hooks import PatchSet
-from spec_fused.log import log_once
 from spec_fused.releases import TESTED_RELEASES, support_status
 
 logger = logging.getLogger("spec_fused")
@@ -187,7 +186,7 @@ def _on_failure(fm, relay, exc, what):
     if isinstance(exc, (InputError, InputTypeError, PoisonedSlotError, StaleHostMirrorError,
                         *_PASSTHROUGH)):
         raise exc
-    log_once(("fallback", what, type(exc).__name__),
+    _relay.log_once(("fallback", what, type(exc).__name__),
                     "fused %s failed (%s: %s); SGLang's own relay takes over this FutureMap",
                     what, type(exc).__name__, exc)
     disable(fm, relay, f"{what}: {exc}")
@@ -308,7 +307,7 @@ def prewarm_for(fm, buf) -> None:
 
         prewarm(buf.device, debug=debug_enabled())  # the launcher the relay will build
     except Exception as exc:
-        log_once(("prewarm", type(exc).__name__),
+        _relay.log_once(("prewarm", type(exc).__name__),
                         "could not compile the fused kernel ahead of serving (%s: %s)",
                         type(exc).__name__, exc)
 
@@ -344,7 +343,7 @@ def _scheduler_caps(sched):
     buf = future_map.__dict__.get(_relay.BUF_ATTR)
     unsupported = None if buf is None else unsupported_device(buf.device)
     if unsupported is not None:
-        log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
+        _relay.log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
                         unsupported)
         return None
     caps = _relay.future_map_caps(future_map, worker=getattr(sched, "draft_worker", None),
@@ -374,7 +373,7 @@ def _war_barrier_property():
         try:
             caps = _scheduler_caps(self)
         except Exception as exc:
-            log_once(("war-caps", type(exc).__name__),
+            _relay.log_once(("war-caps", type(exc).__name__),
                             "no capabilities for the WAR barrier decision (%s); keeping "
                             "SGLang's", str(exc).strip('"'))
             caps = None
@@ -383,7 +382,7 @@ def _war_barrier_property():
             return
         self.__dict__[key] = bool(platform_gate) and caps.needs_war_barrier
         if platform_gate and not caps.needs_war_barrier:
-            log_once(("war-off", str(self.spec_algorithm)),
+            _relay.log_once(("war-off", str(self.spec_algorithm)),
                             "WAR barrier off for %s (%s)",
                             getattr(self.spec_algorithm, "name", self.spec_algorithm),
                             caps.why_barrier(), level=logging.WARNING)
@@ -394,12 +393,12 @@ def _war_barrier_property():
 def _patch_scheduler(patches: PatchSet, module, version: str) -> None:
     scheduler = getattr(module, "Scheduler", None)
     if not isinstance(scheduler, type) or "_apply_war_barrier" not in scheduler.__dict__:
-        log_once("no-war", "%s.Scheduler has no _apply_war_barrier; the WAR barrier "
+        _relay.log_once("no-war", "%s.Scheduler has no _apply_war_barrier; the WAR barrier "
                         "stays as SGLang decides it", SCHEDULER)
         return
     found = code_check.check_module(module, prefer=version)
     if not found.tested and not settings.ALLOW_UNTESTED.on():
-        log_once("war-code", "SGLang %s: %s: not tested; the WAR barrier stays as "
+        _relay.log_once("war-code", "SGLang %s: %s: not tested; the WAR barrier stays as "
                         "SGLang decides it", version, found.describe())
         return
     patches.set_attr(scheduler, "_war_barrier_enabled", _war_barrier_property())
