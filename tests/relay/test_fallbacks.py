@@ -13,7 +13,7 @@ import pytest
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.fake_cuda import CFG as SMALL
-from support.fake_cuda import EXACT, direct_relay
+from support.fake_cuda import EXACT, direct_relay, messages
 
 from spec_fused import log
 from spec_fused import relay as relay_mod
@@ -51,10 +51,6 @@ def _break_reference(monkeypatch, broken):
                         lambda self, *args: broken())
 
 
-def _messages(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "spec_fused"]
-
-
 def test_kernel_that_raises_falls_back_to_the_reference(monkeypatch, caplog, upstream):
     calls = []
 
@@ -69,7 +65,7 @@ def test_kernel_that_raises_falls_back_to_the_reference(monkeypatch, caplog, ups
     relay = fm.__dict__[relay_mod.RELAY_ATTR]
     assert relay.launcher.backend == "reference" and relay.disabled_reason is None
     assert len(calls) == 1  # tried once, then the reference for good
-    hits = [m for m in _messages(caplog) if "falling back to the torch reference" in m]
+    hits = [m for m in messages(caplog) if "falling back to the torch reference" in m]
     assert len(hits) == 1 and "out of resources" in hits[0]
 
 
@@ -84,7 +80,7 @@ def test_reference_that_raises_too_hands_back_to_sglang(monkeypatch, caplog, ups
     assert got == upstream
     relay = fm.__dict__[relay_mod.DISABLED_ATTR]
     assert relay.disabled_reason and relay_mod.relay_for(fm) is None
-    hits = [m for m in _messages(caplog) if "SGLang's own relay takes over" in m]
+    hits = [m for m in messages(caplog) if "SGLang's own relay takes over" in m]
     assert len(hits) == 1
 
 
@@ -141,7 +137,7 @@ def test_future_map_missing_an_attribute_runs_sglangs_path(caplog, upstream, mon
     assert got == upstream
     assert relay_mod.relay_for(fm) is None
     assert any("cannot relay this FutureMap" in m and "publish_ready" in m
-               for m in _messages(caplog))
+               for m in messages(caplog))
 
 
 def test_a_future_map_that_cannot_be_relayed_says_why(monkeypatch, caplog):
@@ -151,7 +147,7 @@ def test_a_future_map_that_cannot_be_relayed_says_why(monkeypatch, caplog):
     monkeypatch.setattr(relay_mod.FusedRelay, "__init__", broken)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         assert relay_mod.relay_for(make_future_map("EAGLE", SMALL)) is None
-    assert _messages(caplog) == [
+    assert messages(caplog) == [
         "spec_fused: cannot relay this FutureMap (ValueError: no good); SGLang's relay runs"]
 
 
@@ -164,7 +160,7 @@ def test_algorithm_without_capabilities_runs_sglangs_path(caplog, monkeypatch):
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         got, fm = _patched_run(algo)
     assert got == want and relay_mod.relay_for(fm) is None
-    hits = [m for m in _messages(caplog) if "no capabilities for speculative algorithm 'EAGLE3'" in m]
+    hits = [m for m in messages(caplog) if "no capabilities for speculative algorithm 'EAGLE3'" in m]
     assert len(hits) == 1
 
 
@@ -176,7 +172,7 @@ def test_algorithms_without_capabilities_are_logged_once_each(monkeypatch, caplo
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         for algo in ("EAGLE3", "STANDALONE", "EAGLE3"):
             assert relay_mod.relay_for(make_future_map(algo, SMALL)) is None
-    lines = _messages(caplog)
+    lines = messages(caplog)
     assert len(lines) == 2
     assert lines[0].startswith("spec_fused: no capabilities for speculative algorithm 'EAGLE3'")
     assert lines[0].endswith("SpecCaps(...)); SGLang's relay runs")
@@ -192,7 +188,7 @@ def test_each_reason_is_logged_once(monkeypatch, caplog):
                 run_trace(make_future_map(EAGLE, cfg), cfg)
         finally:
             sglang_patch.remove()
-    assert len([m for m in _messages(caplog) if "falling back" in m]) == 1
+    assert len([m for m in messages(caplog) if "falling back" in m]) == 1
 
 
 def test_non_speculative_future_map_is_left_to_sglang():
@@ -234,7 +230,7 @@ def test_an_unsafe_host_override_is_refused_in_one_line(monkeypatch, caplog, ups
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         got, fm = _patched_run()
     assert got == upstream and relay_mod.relay_for(fm).host_seq_lens == "exact"
-    hits = [m for m in _messages(caplog) if "override refused" in m]
+    hits = [m for m in messages(caplog) if "override refused" in m]
     assert len(hits) == 1 and "reads host lengths" in hits[0]
 
 
@@ -255,7 +251,7 @@ def test_the_launchers_own_errors_go_down_the_reference_rung(monkeypatch, caplog
         got, fm = _patched_run()
     assert got == upstream
     assert relay_mod.relay_for(fm).launcher.backend == "reference"
-    assert any("falling back to the torch reference" in m for m in _messages(caplog))
+    assert any("falling back to the torch reference" in m for m in messages(caplog))
 
 
 @pytest.mark.parametrize("device", ["mps", "xpu", "meta"])
@@ -296,7 +292,7 @@ def test_a_failing_reference_or_null_backend_is_not_retried(backend, caplog):
         with pytest.raises(RuntimeError, match="boom"):
             relay._fall_back(RuntimeError("boom"), torch.tensor([1]), None, None, False)
     assert calls == [] and relay.launcher.backend == backend
-    assert not [m for m in _messages(caplog) if "falling back" in m]
+    assert not [m for m in messages(caplog) if "falling back" in m]
 
 
 def test_each_kind_of_kernel_failure_is_logged_once_with_the_device(caplog):
@@ -308,7 +304,7 @@ def test_each_kind_of_kernel_failure_is_logged_once_with_the_device(caplog):
             out = relay._fall_back(exc, torch.tensor([1]), None, None, False)
             assert relay.launcher.backend == "reference"
             assert out.tolist() == fm.new_seq_lens_buf[1:2].tolist()
-    assert [m for m in _messages(caplog) if "falling back" in m] == [
+    assert [m for m in messages(caplog) if "falling back" in m] == [
         "spec_fused: fused kernel failed on cpu (RuntimeError: boom); falling back to the "
         "torch reference",
         "spec_fused: fused kernel failed on cpu (KeyError: 'k'); falling back to the torch "
@@ -339,7 +335,7 @@ def test_an_exact_resolve_whose_kernel_fails_gets_its_lengths_from_the_reference
         relay.resolve(fm, batch)
     assert batch.seq_lens.tolist() == [10, 20] and batch.seq_lens_cpu.tolist() == [10, 20]
     assert batch.seq_lens_sum == 30 and relay.launcher.backend == "reference"
-    assert _messages(caplog) == [FALLING_BACK]  # and no stale host row read from the device
+    assert messages(caplog) == [FALLING_BACK]  # and no stale host row read from the device
 
 
 @pytest.mark.parametrize("on_cuda", [False, True])
@@ -350,7 +346,7 @@ def test_a_flush_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog, 
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         relay.flush()
     assert relay.pending is None and fm.new_seq_lens_buf[1:3].tolist() == [10, 20]
-    assert relay.launcher.backend == "reference" and _messages(caplog) == [FALLING_BACK]
+    assert relay.launcher.backend == "reference" and messages(caplog) == [FALLING_BACK]
 
 
 def test_a_captured_publish_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog):
@@ -365,7 +361,7 @@ def test_a_captured_publish_whose_kernel_fails_lands_on_the_reference(monkeypatc
         with ops.on(ops.forward):
             relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
     assert relay.launcher.backend == "reference" and fm.new_seq_lens_buf[4] == 40
-    assert len([m for m in _messages(caplog) if "falling back" in m]) == 1
+    assert len([m for m in messages(caplog) if "falling back" in m]) == 1
 
 
 def test_a_settled_int32_publish_lands_in_the_int64_buffer(caplog):
@@ -375,7 +371,7 @@ def test_a_settled_int32_publish_lands_in_the_int64_buffer(caplog):
     relay.pending = (torch.tensor([2, 5]), torch.tensor([21, 51], dtype=torch.int32))
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         relay.settle_pending()
-    assert relay.pending is None and not _messages(caplog)
+    assert relay.pending is None and not messages(caplog)
     assert fm.new_seq_lens_buf[[2, 5]].tolist() == [21, 51]
 
 
@@ -387,7 +383,7 @@ def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog):
             relay.pending = bad
             relay.settle_pending()
             assert relay.pending is None
-    lines = _messages(caplog)
+    lines = messages(caplog)
     assert len(lines) == 2
     assert lines[0].startswith("spec_fused: a publish that cannot land was dropped (IndexError: ")
     assert lines[1].startswith("spec_fused: a publish that cannot land was dropped "
