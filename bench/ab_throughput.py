@@ -63,7 +63,8 @@ from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton i
 import torch
 
 from bench.overlap_model import WORKLOADS, OverlapLoop, Workload, make_timeline
-from spec_fused import measure
+from spec_fused import settings
+from spec_fused.tools import measure, traces
 
 ARMS = ("A", "B", "C")
 ALGORITHMS = ("DFLASH", "EAGLE")
@@ -96,7 +97,7 @@ def production_caps(algorithm: str, needs_cpu_seq_lens: bool, env: Optional[dict
 
     from spec_fused.relay import future_map_caps
 
-    with measure.env_set(env):
+    with settings.overridden(env):
         return future_map_caps(SimpleNamespace(spec_algo=SpeculativeAlgorithm[algorithm],
                                                needs_cpu_seq_lens=needs_cpu_seq_lens))
 
@@ -106,7 +107,7 @@ def make_arm(name: str, algorithm: str, device: torch.device, args) -> Arm:
     and host lengths the production decision; C = no relay at all, B's barrier."""
     on_cuda = device.type == "cuda"
     if name == "A":
-        fm, _ = measure.make_future_map(algorithm, device, args.pool, fused=False,
+        fm, _ = measure.arm_future_map(algorithm, device, args.pool, fused=False,
                                         needs_cpu_seq_lens=args.needs_cpu_seq_lens)
         return Arm("A", fm, None, on_cuda, args.needs_cpu_seq_lens, "sglang")
     env = arm_b_env(algorithm, args.force_barrier_free)
@@ -114,7 +115,7 @@ def make_arm(name: str, algorithm: str, device: torch.device, args) -> Arm:
     barrier = on_cuda and caps.needs_war_barrier
     if name == "C":
         return Arm("C", None, None, barrier, True, "ideal")
-    fm, relay = measure.make_future_map(algorithm, device, args.pool, fused=True, env=env,
+    fm, relay = measure.arm_future_map(algorithm, device, args.pool, fused=True, env=env,
                                         needs_cpu_seq_lens=args.needs_cpu_seq_lens)
     if relay.caps.needs_war_barrier != caps.needs_war_barrier:
         raise RuntimeError(f"relay caps {relay.caps} disagree with the scheduler's {caps}")
@@ -134,7 +135,7 @@ def prewarm(arm: Arm, timeline, concurrency: int, pool: int) -> None:
             pub = timeline.stage(list(range(1, m + 1)))
             fwd = timeline.forward(0.0, 0.0, lambda pub=pub: arm.fm.publish(pub, pub))
             timeline.before_resolve(fwd)
-            arm.fm.resolve_seq_lens_cpu(measure.decode_batch(gather, gather.to("cpu")))
+            arm.fm.resolve_seq_lens_cpu(traces.decode_batch(gather, host=gather.to("cpu")))
         timeline.drain()
 
 

@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 from bench import counters, harness  # first: sets TRITON_INTERPRET on CPU before triton
 
-from spec_fused import measure
+from spec_fused.tools import measure, traces
 
 import torch
 
@@ -90,9 +90,9 @@ class Relays:
 
     @classmethod
     def build(cls, device: torch.device, pool: int) -> "Relays":
-        maps = {"upstream": measure.make_future_map("EAGLE", device, pool, fused=False)}
-        maps["fused-exact"] = measure.make_future_map("EAGLE", device, pool, fused=True)
-        maps["fused-barrier-free"] = measure.make_future_map(
+        maps = {"upstream": measure.arm_future_map("EAGLE", device, pool, fused=False)}
+        maps["fused-exact"] = measure.arm_future_map("EAGLE", device, pool, fused=True)
+        maps["fused-barrier-free"] = measure.arm_future_map(
             "DFLASH", device, pool, fused=True, env={"SPEC_FUSED_WAR_BARRIER": "0"},
             needs_cpu_seq_lens=False)
         for name, want in (("fused-exact", "war_guarded"), ("fused-barrier-free", "barrier_free")):
@@ -104,7 +104,7 @@ class Relays:
 
 
 def _relay_case(provider, fm, relay, idx, vals, *, patched, host_lengths, capturable):
-    batch = measure.decode_batch(idx)
+    batch = traces.decode_batch(idx)
 
     def step():
         fm.publish(idx, vals)

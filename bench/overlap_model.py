@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from bench import harness
-from spec_fused import measure
+from spec_fused.tools import measure, traces
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,7 @@ class OverlapLoop:
     def run_batch(self, idx, slots, lens, publish) -> Forward:
         n = len(slots)
         if self.fm is not None:
-            self.batch = measure.decode_batch(idx, torch.tensor(slots, dtype=torch.int64))
+            self.batch = traces.decode_batch(idx, host=torch.tensor(slots, dtype=torch.int64))
             self.expected = lens
             self.timeline.before_resolve(self.last)
             self.fm.resolve_seq_lens_cpu(self.batch)

@@ -11,8 +11,10 @@ newer release the package index serves, which must run or be refused cleanly) th
 2. runs, in the light environment (``.venv``: CPU torch, the Triton interpreter) with the
    overlay first on ``PYTHONPATH``: ``tests/test_compat.py`` (API probe, exact
    apply/remove, the release's FutureMap features and established capabilities against
-   ``tests/compat/expectations.py``), the trace-equivalence tests, and the relay's other
-   FutureMap tests (host mirror, hot path, fallbacks), with a few hypothesis cases each;
+   ``tests/compat/expectations.py``), the capability tests (``tests/caps/``), the
+   trace-equivalence tests, and the relay's FutureMap tests (``tests/relay/``: stream
+   order, host lengths, hot path, fallbacks, where it engages), with a few hypothesis
+   cases each;
 3. runs the Scheduler tests in the heavy environment (``.venv-sched``) with the same
    overlay, plus the release's own pins of transformers, tokenizers and xgrammar where
    they differ from the environment's (another small overlay); where the release's
@@ -60,11 +62,9 @@ TESTED_CODE = ROOT / "spec_fused" / "integration" / "tested_code.py"
 LIGHT_PY = ROOT / ".venv" / "bin" / "python"
 HEAVY_PY = ROOT / ".venv-sched" / "bin" / "python"
 BELOW_RANGE = "0.5.14"  # the last release before the shared relay: must be refused
-LIGHT_TESTS = ("tests/test_compat.py", "tests/test_code_check.py", "tests/test_caps.py",
-               "tests/test_barrier_decision.py", "tests/test_impact.py",
-               "tests/test_trace_equivalence.py", "tests/test_upstream_contracts.py",
-               "tests/test_stream_order.py", "tests/test_host_mirror.py",
-               "tests/test_hot_path.py", "tests/test_fallbacks.py")
+LIGHT_TESTS = ("tests/test_compat.py", "tests/integration/test_code_check.py", "tests/caps",
+               "tests/tools/test_impact.py", "tests/integration/test_trace_equivalence.py",
+               "tests/integration/test_upstream_contracts.py", "tests/relay")
 HEAVY_TESTS = ("tests/test_scheduler_tier.py",)
 # Table columns and the test modules (or test_compat tests) each one covers.
 COLUMNS = {
@@ -90,10 +90,11 @@ COLUMNS = {
                "test_dflash_keeps_the_draft_backends_the_table_says",
                "test_upstreams_step_costs_are_what_the_columns_claim",
                "test_every_row_says_where_it_helps_from_the_host_lengths")),
-    "decisions": (("test_caps", "test_barrier_decision"), None),
+    "decisions": (("test_decisions", "test_barrier_decision", "test_claims", "test_algorithms",
+                   "test_describe"), None),
     "traces": ("test_trace_equivalence", None),
-    "relay": (("test_upstream_contracts", "test_stream_order", "test_host_mirror",
-               "test_hot_path", "test_fallbacks"), None),
+    "relay": (("test_upstream_contracts", "test_stream_order", "test_host_lengths",
+               "test_hot_path", "test_fallbacks", "test_engagement", "test_cuda_ops"), None),
     "scheduler": ("test_scheduler_tier", None),
 }
 HEAVY_PINNED = ("transformers", "tokenizers", "xgrammar")

@@ -1,7 +1,7 @@
 """Write the README's generated tables from their sources, so no figure there is typed.
 
 * ``impact``: where spec_fused helps, per release range x attention backend x algorithm
-  (``spec_fused.impact``, held to every release's source by tests/test_impact.py);
+  (``spec_fused.tools.impact``, held to every release's source by tests/tools/test_impact.py);
 * ``results``: the latest CPU benchmark tables (``python -m bench.report
   bench/results/cpu``).
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def impact_table() -> str:
-    from spec_fused import impact
+    from spec_fused.tools import impact
     from spec_fused.releases import TESTED_RELEASES
 
     return impact.render_markdown(impact.ranged_rows(TESTED_RELEASES))

@@ -3,7 +3,7 @@ environments where the script is not on PATH (a venv that is not activated, a co
 
 import sys
 
-from spec_fused.cli import main
+from spec_fused.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

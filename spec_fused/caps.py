@@ -29,11 +29,10 @@ lengths are left out only where upstream leaves them out too.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal, Mapping, Optional, cast
 
-from spec_fused import upstream
+from spec_fused import settings, upstream
 
 HostSeqLens = Literal["exact", "reserved", "none"]
 HOST_SEQ_LENS_VALUES = ("exact", "reserved", "none")
@@ -41,8 +40,8 @@ Variant = Literal["barrier_free", "war_guarded"]
 # Where a claim came from. "forced": upstream forces it (nothing may lift it).
 SOURCES = ("table", "worker", "backends", "forced", "installed", "env")
 
-ENV_WAR_BARRIER = "SPEC_FUSED_WAR_BARRIER"
-ENV_HOST_SEQ_LENS = "SPEC_FUSED_HOST_SEQ_LENS"
+ENV_WAR_BARRIER = settings.WAR_BARRIER.name
+ENV_HOST_SEQ_LENS = settings.HOST_SEQ_LENS.name
 
 __all__ = [
     "SpecCaps",
@@ -286,7 +285,7 @@ def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None
             "exact", "forced",
             "two-batch overlap splits batches on host lengths (upstream forces them)"
             if two_batch_overlap else "two-batch overlap could not be ruled out")
-    env = os.environ if env is None else env
+    env = settings.source(env)
     barrier = _parse_bool_env(env, ENV_WAR_BARRIER)
     host = _parse_host_env(env)
     if barrier is not None:

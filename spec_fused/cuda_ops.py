@@ -3,7 +3,7 @@
 Why a module of its own: the relay's ordering - which stream waits for what, where a
 launch runs, where ``publish_ready`` is recorded, when the host blocks - is its most
 delicate logic and the one a CPU cannot run. With every CUDA call behind one object, a
-CPU test stands in for it and records the calls in order (tests/test_stream_order.py),
+CPU test stands in for it and records the calls in order (tests/relay/test_stream_order.py),
 and tests/test_gpu.py runs the same paths on real streams. The devices the relay engages
 on are decided here too: NVIDIA CUDA and CPU only.
 """

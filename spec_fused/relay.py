@@ -43,6 +43,7 @@ from spec_fused.kernels.checks import (
     StaleHostMirrorError,
 )
 from spec_fused.kernels.step_launcher import PublishGather
+from spec_fused.log import log_once
 from spec_fused.upstream import confidential_compute, debug_enabled, sglang_tracks_seq_lens
 
 logger = logging.getLogger("spec_fused")
@@ -52,7 +53,6 @@ DISABLED_ATTR = "_spec_fused_disabled"  # a relay handed back to SGLang, kept fo
 CAPS_ATTR = "_spec_fused_caps"  # set by the scheduler patch, which knows worker + backends
 BUF_ATTR = "new_seq_lens_buf"
 
-_logged: set = set()
 live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()  # for remove() to flush
 # What is the caller's fault (bad input, raised before anything is written) or a caught
 # bug (SGLang's own debug assertions, the consume-once and stamp checks): raised to the
@@ -65,13 +65,6 @@ NOT_A_BACKEND_FAILURE = (InputError, InputTypeError, AssertionError, PoisonedSlo
 class HandToSGLang(Exception):
     """This step is SGLang's: the relay landed what it had pending, and SGLang's own
     method (``publish`` or ``resolve_seq_lens_cpu``) runs the step, as shipped."""
-
-
-def log_once(key, msg, *args, level=logging.WARNING) -> None:
-    if key in _logged:
-        return
-    _logged.add(key)
-    logger.log(level, "spec_fused: " + msg, *args)
 
 
 class BackendsDecision:

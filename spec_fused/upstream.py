@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import os
 from typing import Optional
+
+from spec_fused import settings
 
 __all__ = [
     "confidential_compute",
@@ -163,7 +164,7 @@ def debug_enabled() -> bool:
     """``SPEC_FUSED_DEBUG=1``, or SGLang's own CI switch (``SGLANG_IS_IN_CI``) where the
     installed FutureMap itself tracks seq-lens consumption (0.5.23 does: poisoned init and
     consume-once; 0.5.15 only tracks output tokens), so both sides poison the same rows."""
-    if os.environ.get("SPEC_FUSED_DEBUG", "") == "1":
+    if settings.DEBUG.on():
         return True
     return sglang_tracks_seq_lens()
 

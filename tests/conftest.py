@@ -2,6 +2,13 @@
 
 ``TRITON_INTERPRET=1`` must be set before Triton is imported, so it happens here at
 collection time, and only where there is no GPU (GPU runs compile the kernels for real).
+
+Tests are filed by behaviour: ``kernels/``, ``relay/``, ``caps/``, ``integration/``,
+``tools/``, and the compat, scheduler and GPU tiers at the top. Each folder is a package
+(``tests.relay.test_fallbacks``), so basenames may repeat. What tests share lives in
+``support/`` (stand-ins, upstream's rules) and ``compat/`` (per-release expectations),
+both imported from this folder, which is put on ``sys.path`` here; no test module imports
+another.
 """
 
 import os
@@ -82,16 +89,16 @@ def kernel_launches(monkeypatch):
 @pytest.fixture
 def patched():
     """spec_fused applied to the real SGLang for one test, removed after it."""
-    from spec_fused import relay
+    from spec_fused import log
     from spec_fused.integration import sglang_patch
 
-    relay._logged.clear()
+    log.reset()
     report = sglang_patch.apply()
     try:
         yield report
     finally:
         sglang_patch.remove()
-        relay._logged.clear()
+        log.reset()
 
 
 @pytest.fixture

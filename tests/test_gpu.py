@@ -1,7 +1,7 @@
 """GPU-only checks (run by bench/gpu_check.sh on the lent H200): the compiled kernel, the
 direct launch, real streams and events, pinned zero-copy host rows, CUDA-graph capture,
 and what the profiler sees per step. Each CUDA-side finding of the stream-order tests
-(tests/test_stream_order.py, on a CPU stand-in) is checked here on real streams."""
+(tests/relay/test_stream_order.py, on a CPU stand-in) is checked here on real streams."""
 
 import random
 from types import SimpleNamespace
@@ -12,6 +12,7 @@ import torch
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
+from spec_fused import log  # noqa: E402
 from spec_fused import relay as relay_mod  # noqa: E402
 from spec_fused.integration import sglang_patch  # noqa: E402
 from spec_fused.kernels import backend as backend_mod  # noqa: E402
@@ -20,14 +21,14 @@ from spec_fused.kernels import publish_gather as kernel  # noqa: E402
 from spec_fused.kernels.checks import PoisonedSlotError  # noqa: E402
 from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference  # noqa: E402
 from spec_fused.kernels.step_launcher import PublishGather  # noqa: E402
-from spec_fused.traces import TraceConfig, decode_batch, make_future_map, run_trace  # noqa: E402
+from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map, run_trace  # noqa: E402
 
 DEV = torch.device("cuda")
 
 
 @pytest.fixture
 def patched():
-    relay_mod._logged.clear()
+    log.reset()
     sglang_patch.apply()
     yield
     sglang_patch.remove()
@@ -315,7 +316,7 @@ def test_the_barrier_read_from_the_patched_scheduler_on_a_gpu_relay(tmp_path, mo
     """The scheduler's decision with the relay on CUDA: the installed release's own
     ``_apply_war_barrier`` (read from its source), the whole matrix."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from upstream_fixtures import BACKEND_TBO, check_barrier_matrix, light_scheduler
+    from support.upstream_rules import BACKEND_TBO, check_barrier_matrix, light_scheduler
 
     from spec_fused.integration.hooks import PatchSet
 
@@ -417,11 +418,11 @@ def test_the_gpu_only_path_never_syncs(patched, algo):
     assert batch.seq_lens.cpu().tolist() == [21 + 4, 22 + 4, 23 + 4]
 
 
-# ------------------------------------------- where CUDA-only mutants survived (MUTATION.md)
+# ------------------------------------------- what only CUDA tells apart
 
 
 def test_the_launchers_state_lives_where_cuda_needs_it():
-    """What a CPU cannot tell apart (step_launcher mutants 38, 52, 450): the launcher's
+    """What a CPU cannot tell apart: the launcher's
     sum on the buffer's device, the poison flag pinned (the host reads it zero-copy), the
     empty result a real device pointer that aliases nothing."""
     buf = torch.zeros((64,), dtype=torch.int64, device=DEV)
@@ -433,8 +434,8 @@ def test_the_launchers_state_lives_where_cuda_needs_it():
 
 
 def test_the_reference_rung_moves_staged_host_indices_to_the_device():
-    """Mutant 381: staged (pinned) gather indices reach the reference path on the
-    buffer's device. (382, the same copy made blocking, shows only as the host waiting.)"""
+    """Staged (pinned) gather indices reach the reference path on the buffer's device.
+    (The same copy made blocking would show only as the host waiting.)"""
     buf = torch.arange(64, dtype=torch.int64, device=DEV) * 3
     pg = PublishGather(buf, backend="reference")
     gi = pg.stage_host_indices(torch.tensor([5, 9, 2]))
@@ -447,7 +448,7 @@ def test_the_reference_rung_moves_staged_host_indices_to_the_device():
 
 
 def test_debug_mode_checks_slot_values_on_cuda_too():
-    """Mutants 422/430: on a CPU every check is deep anyway; on CUDA only debug mode reads
+    """On a CPU every check is deep anyway; on CUDA only debug mode reads
     the index values (a sync) - an out-of-range slot is refused before anything is
     written."""
     from spec_fused.kernels.checks import InputError
@@ -555,7 +556,7 @@ def test_confidential_computing_pins_nothing_and_serves_sglangs_exact_lengths(mo
     cfg = TraceConfig(seed=4, steps=30, pool=64)
     try:
         want = run_trace(make_future_map("EAGLE", cfg, device=DEV), cfg)
-        relay_mod._logged.clear()
+        log.reset()
         sglang_patch.apply()
         try:
             fm = make_future_map("EAGLE", cfg, device=DEV)

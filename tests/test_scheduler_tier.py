@@ -4,7 +4,7 @@ Importing ``sglang.srt.managers.scheduler`` on a CPU takes transformers, torchvi
 more (scripts/setup_scheduler_tier.sh); ``./run.sh test`` runs this file in .venv-sched,
 once per release. The scheduler is made with ``object.__new__`` (its ``__init__`` loads a
 model) and driven through its own ``_apply_war_barrier``; the whole configuration matrix
-is checked against the rules of tests/upstream_fixtures.py, as the fast tier checks it
+is checked against the rules of tests/support/upstream_rules.py, as the fast tier checks it
 on the same method read out of the release's source."""
 
 import os
@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.scheduler
 from sglang.srt.managers import scheduler as scheduler_mod  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
-from upstream_fixtures import (  # noqa: E402
+from support.upstream_rules import (  # noqa: E402
     BACKEND_TBO,
     barrier_calls,
     check_barrier_matrix,
@@ -26,7 +26,7 @@ from upstream_fixtures import (  # noqa: E402
 
 from spec_fused import relay as relay_mod  # noqa: E402
 from spec_fused.integration import sglang_patch  # noqa: E402
-from spec_fused.traces import TraceConfig, make_future_map, run_trace  # noqa: E402
+from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace  # noqa: E402
 
 Scheduler = scheduler_mod.Scheduler
 CFG = TraceConfig(pool=16, max_len=8)

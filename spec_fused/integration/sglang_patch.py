@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from spec_fused import relay as _relay
+from spec_fused import settings
 from spec_fused.faults import raise_if_sticky
 from spec_fused.integration import code_check
 from spec_fused.integration.hooks import PatchSet
@@ -44,9 +44,8 @@ from spec_fused.upstream import debug_enabled, scheduler_gpu_id
 logger = logging.getLogger("spec_fused")
 
 PLUGIN_NAME = "spec_fused"
-ENV_DISABLE = "SPEC_FUSED_DISABLE"
-ENV_ALLOW_UNTESTED = "SPEC_FUSED_ALLOW_UNTESTED"
-ENV_CHILD_CANARY = "SPEC_FUSED_CHILD_CANARY"  # "0": the start-up canary in-process only
+ENV_DISABLE = settings.DISABLE.name
+ENV_ALLOW_UNTESTED = settings.ALLOW_UNTESTED.name
 OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
 SCHEDULER = "sglang.srt.managers.scheduler"
 
@@ -76,7 +75,7 @@ _report: Optional[PatchReport] = None
 def disabled_by(env=None) -> Optional[str]:
     """The ``SPEC_FUSED_DISABLE`` setting that turns the plugin off, or None when it is on.
     Unset, "", "0", "false", "no" and "off" leave it on; any other value turns it off."""
-    raw = (os.environ if env is None else env).get(ENV_DISABLE, "")
+    raw = settings.DISABLE.raw(env)
     return None if raw.strip().lower() in ("", "0", "false", "no", "off") else raw
 
 
@@ -165,7 +164,7 @@ def verify_code(version: str, module) -> code_check.CodeVerdict:
     if found.tested:
         return found
     message = f"SGLang {version}: {found.describe()}: not tested"
-    if os.environ.get(ENV_ALLOW_UNTESTED) == "1":
+    if settings.ALLOW_UNTESTED.on():
         return found
     raise UnsupportedSGLangError(f"{message}; set {ENV_ALLOW_UNTESTED}=1 to try it anyway")
 
@@ -416,7 +415,7 @@ def _patch_scheduler(patches: PatchSet, module, version: str) -> None:
                         "stays as SGLang decides it", SCHEDULER)
         return
     found = code_check.check_module(module, prefer=version)
-    if not found.tested and os.environ.get(ENV_ALLOW_UNTESTED) != "1":
+    if not found.tested and not settings.ALLOW_UNTESTED.on():
         _relay.log_once("war-code", "SGLang %s: %s: not tested; the WAR barrier stays as "
                         "SGLang decides it", version, found.describe())
         return
@@ -440,7 +439,7 @@ def canary_before_pools(scheduler_init, args, kwargs) -> Optional[dict]:
     server on NVIDIA CUDA; never raises (a canary that cannot run in a child runs in
     the scheduler process later, at prewarm)."""
     try:
-        if os.environ.get(ENV_CHILD_CANARY, "1") == "0":
+        if settings.CHILD_CANARY.raw() == "0":
             return None
         params = inspect.signature(scheduler_init).bind_partial(None, *args, **kwargs)
         server_args = params.arguments.get("server_args")

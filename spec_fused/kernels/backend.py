@@ -9,11 +9,12 @@ the launcher, which needs this module: it lives apart, so nothing here imports i
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+
+from spec_fused import settings
 
 try:  # Triton is optional: without it every device gets the reference.
     import triton
@@ -45,7 +46,7 @@ else:  # pragma: no cover
 def explain_backend(device) -> tuple[str, str]:
     """``(backend, why)`` for ``device``: what :func:`backend_for` picks, and the reason."""
     device = torch.device(device)
-    if os.environ.get("SPEC_FUSED_FORCE_REFERENCE") == "1":
+    if settings.FORCE_REFERENCE.on():
         return "reference", "SPEC_FUSED_FORCE_REFERENCE=1"
     proven = verdict_for(device)
     if proven is not None and proven.backend == "reference" and proven.downgraded:
@@ -63,8 +64,8 @@ def explain_backend(device) -> tuple[str, str]:
     return "reference", f"Triton cannot drive {device.type} here: plain-torch reference"
 
 
-ENV_FORCE_BACKEND = "SPEC_FUSED_FORCE_BACKEND"
-ENV_BENCH = "SPEC_FUSED_BENCH"
+ENV_FORCE_BACKEND = settings.FORCE_BACKEND.name
+ENV_BENCH = settings.BENCH.name
 
 
 def explain_relay_backend(device) -> tuple[str, str]:
@@ -76,7 +77,7 @@ def explain_relay_backend(device) -> tuple[str, str]:
     ignored = ignored_force_backend()
     if ignored is not None:
         return backend, f"{why} ({ignored})"
-    if not os.environ.get(ENV_FORCE_BACKEND, ""):
+    if not settings.FORCE_BACKEND.raw():
         return backend, why
     return "null", f"{ENV_FORCE_BACKEND}=null with {ENV_BENCH}=1: no device work, " \
                    f"results unspecified (benchmarks only)"
@@ -86,12 +87,12 @@ def ignored_force_backend() -> Optional[str]:
     """Why ``SPEC_FUSED_FORCE_BACKEND`` is set but ignored (a typo, or ``null`` without
     ``SPEC_FUSED_BENCH=1``), or None: a server ignores it with a warning, ``selftest``
     calls it a bad override."""
-    forced = os.environ.get(ENV_FORCE_BACKEND, "")
+    forced = settings.FORCE_BACKEND.raw()
     if not forced:
         return None
     if forced != "null":
         return f"{ENV_FORCE_BACKEND}={forced!r} ignored: only 'null' is known"
-    if os.environ.get(ENV_BENCH) != "1":
+    if not settings.BENCH.on():
         return f"{ENV_FORCE_BACKEND}=null ignored: it needs {ENV_BENCH}=1"
     return None
 

@@ -32,6 +32,8 @@ from typing import Any, Optional
 
 import torch
 
+from spec_fused.log import log_once
+
 logger = logging.getLogger("spec_fused")
 
 try:
@@ -65,13 +67,9 @@ def triton_version() -> Optional[tuple]:
     return tuple(parts) if len(parts) == 2 else None
 
 
-_logged: set = set()
-
-
 def _log_once(reason: str) -> None:
-    if reason not in _logged:
-        _logged.add(reason)
-        logger.info("spec_fused: Triton's normal launch path is used (%s)", reason)
+    log_once(("normal-launch", reason), "Triton's normal launch path is used (%s)", reason,
+             level=logging.INFO)
 
 
 def _unknown_triton() -> Optional[str]:

@@ -1,0 +1,231 @@
+"""The direct (bound) Triton launch: detection, every fallback, the argument packing, and
+the per-step launcher's O(1) guard around it.
+
+A CPU has no compiled kernel to bind, so the compiled kernel is stood in for by an object
+with Triton's calling convention whose ``run`` executes the very same kernel in the Triton
+interpreter with the arguments it was handed: if PublishGather packed them in the wrong
+order, or passed the wrong pointer, the lengths would come out wrong."""
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from support.fake_triton import N_ARGS, FakeCompiled, ReadyFast
+from support.fake_triton import bound_launcher as _bound_launcher
+
+from spec_fused import log
+from spec_fused.kernels import direct_launch as launcher_mod
+from spec_fused.kernels import step_launcher
+from spec_fused.kernels.publish_gather import publish_gather_reference
+
+
+def test_bound_launch_packs_the_arguments_the_kernel_expects():
+    g = torch.Generator().manual_seed(3)
+    for pool, n, m, host in [(64, 9, 5, False), (64, 9, 5, True), (300, 200, 0, True),
+                             (17, 0, 4, False), (4096, 1100, 1500, True)]:
+        buf = torch.randint(0, 1 << 20, (pool,), generator=g)
+        ref = buf.clone()
+        compiled = FakeCompiled()
+        launcher = _bound_launcher(buf, compiled)
+        slots = torch.randperm(pool, generator=g)
+        for step in range(3):  # the first call is the checked one; then the bound path
+            pi = slots[:m]
+            pv = torch.randint(0, 1 << 30, (m,), generator=g, dtype=torch.int32)
+            gi = torch.randint(0, pool, (n,), generator=g)
+            want = publish_gather_reference(ref, gi, pi if m else None, pv if m else None)
+            out = launcher.launch(gi, pi if m else None, pv if m else None, host)
+            assert torch.equal(out, want.seq_lens) and torch.equal(buf, ref)
+            if host:
+                lens, total = launcher.read_row(launcher.stamp, n)
+                assert lens.tolist() == want.seq_lens.tolist()
+                assert total == int(want.seq_lens_sum)
+        assert len(compiled.calls) == 2 and set(compiled.calls) == {1234}
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (lambda i: (i.reshape(1, -1), i, i), ValueError, "gather_indices must be 1-D"),
+    (lambda i: (i, i, i[:2]), ValueError, "publish_indices has 3 entries but publish_values"),
+    (lambda i: (i, i.reshape(3, 1), i), ValueError, "publish_indices must be 1-D"),
+    (lambda i: (i.float(), i, i), TypeError, "gather_indices must be int32 or int64"),
+    (lambda i: (i, i, i.float()), TypeError, "publish_values must be an integer tensor"),
+    (lambda i: (i.to("meta"), i, i), ValueError, "gather_indices is on meta"),
+])
+@pytest.mark.parametrize("backend", ["interpreter", "reference"])
+def test_bad_input_on_the_lean_path_gets_the_checked_paths_error(bad, error, match, backend):
+    """Steady state first (the combination is accepted), then a bad step: the O(1) guard
+    (or, on the reference, torch itself) sends it to the full check, which raises the same
+    clear error as the public API, having written nothing."""
+    buf = torch.arange(16, dtype=torch.int64)
+    if backend == "interpreter":
+        launcher = _bound_launcher(buf, FakeCompiled())
+    else:
+        launcher = step_launcher.PublishGather(buf, backend="reference")
+    idx = torch.tensor([1, 2, 3])
+    launcher.launch(idx, idx, idx.clone(), False)
+    before = buf.clone()
+    gi, pi, pv = bad(idx)
+    with pytest.raises(error, match=match):
+        launcher.launch(gi, pi, pv, False)
+    assert torch.equal(buf, before)
+
+
+def test_no_bound_kernel_means_the_normal_launch():
+    """The interpreter returns no compiled kernel: bind() says so and the normal path runs."""
+    bound, why = launcher_mod.bind(None, N_ARGS)
+    assert bound is None and "no compiled kernel" in why
+
+
+def test_bind_refuses_a_launcher_that_does_not_take_every_parameter():
+    bound, why = launcher_mod.bind(FakeCompiled(n_args=N_ARGS - 4), N_ARGS)
+    assert bound is None and "arguments" in why  # Triton < 3.3: constexprs left out
+
+
+def test_bind_refuses_an_unknown_triton(monkeypatch):
+    monkeypatch.setattr(launcher_mod, "triton_version", lambda: (3, 99))
+    bound, why = launcher_mod.bind(FakeCompiled(), N_ARGS)
+    assert bound is None and "outside the versions" in why
+    monkeypatch.setattr(launcher_mod, "triton_version", lambda: None)
+    assert launcher_mod.bind(FakeCompiled(), N_ARGS)[0] is None
+
+
+def _fast(monkeypatch, device=0, kernel=None):
+    fast = launcher_mod.FastLaunch(0, kernel)
+    # A CPU torch has no CUDA accessors; stand them in, keep the real hook knobs.
+    fast.blocked = None
+    fast._runtime = launcher_mod._knobs.runtime
+    fast._is_compiling = torch.compiler.is_compiling
+    fast._get_device = lambda: device
+    fast.raw_stream = lambda index: 0
+    return fast
+
+
+def test_fast_launch_is_ready_with_no_hooks_and_not_otherwise(monkeypatch, caplog):
+    from triton import knobs
+
+    log.reset()
+    fast = _fast(monkeypatch)
+    assert fast.ready()
+    chain = knobs.runtime.launch_enter_hook
+    hook = lambda *a, **k: None  # noqa: E731 - a profiler's launch hook
+    chain.add(hook)
+    try:
+        with caplog.at_level(logging.INFO, logger="spec_fused"):
+            assert not fast.ready() and not fast.ready()
+    finally:
+        chain.remove(hook)
+    assert fast.ready()
+    monkeypatch.setattr(knobs.runtime, "launch_exit_hook", hook)  # replaced outright
+    assert not fast.ready()
+    lines = [r.getMessage() for r in caplog.records if "launch hook" in r.getMessage()]
+    assert len(lines) == 1  # one line per cause, not per step
+
+
+def test_fast_launch_steps_aside_while_compiling_and_on_another_device(monkeypatch):
+    fast = _fast(monkeypatch)
+    monkeypatch.setattr(fast, "_is_compiling", lambda: True)
+    assert not fast.ready()
+    assert not _fast(monkeypatch, device=1).ready()
+
+
+def test_fast_launch_is_blocked_for_an_unknown_triton(monkeypatch):
+    monkeypatch.setattr(launcher_mod, "triton_version", lambda: (4, 0))
+    fast = launcher_mod.FastLaunch(0)
+    assert fast.blocked and not fast.ready()
+
+
+def test_a_launcher_whose_bound_path_is_not_ready_launches_normally(kernel_launches):
+    """With the per-step conditions unmet, every step goes through kernel[grid]."""
+    buf = torch.zeros(32, dtype=torch.int64)
+    compiled = FakeCompiled()
+    launcher = _bound_launcher(buf, compiled)
+    launcher._fast.ready = lambda: False
+    idx = torch.tensor([4, 5])
+    for step in range(3):
+        out = launcher.launch(idx, idx, idx + step, False)
+        assert out.tolist() == [4 + step, 5 + step]
+    assert compiled.calls == [] and kernel_launches.count == 3
+
+
+def test_stamps_wrap_below_int32_and_still_name_their_launch():
+    """A server up for weeks passes 2**31 steps; Triton would retype the stamp as i64.
+    The stamps on both sides of the wrap are distinct, and each names its own launch."""
+    from spec_fused.kernels.host_ring import HostRing
+
+    buf = torch.arange(8, dtype=torch.int64)
+    launcher = step_launcher.PublishGather(buf, backend="interpreter")
+    launcher.step = HostRing.STAMP_MASK - 1
+    stamps = []
+    for k in range(4):
+        out = launcher.launch(torch.tensor([1, 2]), torch.tensor([1]), torch.tensor([10 + k]),
+                              True)
+        stamps.append(launcher.stamp)
+        lens, total = launcher.read_row(launcher.stamp, 2)
+        assert lens.tolist() == out.tolist() == [10 + k, 2] and total == 12 + k
+    assert stamps == [HostRing.STAMP_MASK - 1, HostRing.STAMP_MASK, 0, 1]
+
+
+def test_an_empty_publish_does_not_stand_in_for_real_publish_pointers():
+    """An empty publish compiles no publish pointers of its own: its variant must not be
+    filed under the dtypes of the (empty) tensors it was handed, or a later real publish
+    of those dtypes would run a kernel compiled for other pointer types."""
+    buf = torch.zeros(16, dtype=torch.int64)
+    launcher = _bound_launcher(buf, FakeCompiled())
+    gi = torch.tensor([1, 2])
+    empty = torch.empty(0, dtype=torch.int32)
+    launcher.launch(gi, empty, empty, False)
+    assert (torch.int64, torch.int32, torch.int32, False) not in launcher._variants
+    out = launcher.launch(gi, torch.tensor([2], dtype=torch.int32),
+                          torch.tensor([7], dtype=torch.int32), False)
+    assert out.tolist() == [0, 7]
+    assert (torch.int64, torch.int32, torch.int32, False) in launcher._variants
+
+
+def test_a_pre_run_hook_added_after_binding_sends_launches_the_normal_way(monkeypatch):
+    """Read live: Triton's ``add_pre_run_hook`` appends to the kernel's own list later."""
+    hooks = []
+    fake_kernel = SimpleNamespace(pre_run_hooks=hooks)
+    fast = _fast(monkeypatch, kernel=fake_kernel)
+    assert fast.ready()
+    hooks.append(lambda *a, **k: None)
+    assert not fast.ready()
+    hooks.clear()
+    assert fast.ready()
+
+
+def test_a_normal_launch_from_another_current_device_runs_on_the_buffers(monkeypatch):
+    """Triton's normal launch goes to the current device: switch to the buffer's first."""
+    buf = torch.zeros(16, dtype=torch.int64)
+    launcher = step_launcher.PublishGather(buf, backend="interpreter")
+    entered = []
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    launcher._fast = ReadyFast()
+    launcher._fast.on_other_device = lambda: True
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    out = launcher.launch_checked(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([5]),
+                                  False)
+    assert out.tolist() == [0, 5] and entered == [buf.device]
+
+
+def test_an_empty_publish_keeps_the_lean_path():
+    """An empty publish (DP-idle forward) is launched as no publish: after its first
+    checked step, the next ones go straight to the launch, not through the full check."""
+    buf = torch.zeros(16, dtype=torch.int64)
+    launcher = _bound_launcher(buf, FakeCompiled())
+    gi, empty = torch.tensor([1, 2]), torch.empty(0, dtype=torch.int64)
+    calls = []
+    real = launcher.launch_checked
+    launcher.launch_checked = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    for _ in range(4):
+        assert launcher.launch(gi, empty, empty, False).tolist() == [0, 0]
+    assert len(calls) == 1

@@ -1,0 +1,391 @@
+"""The relay's CUDA stream and event logic, on a CPU: which stream waits for what, where
+each launch runs, where ``publish_ready`` is recorded, when the host blocks.
+
+Every CUDA call the relay makes goes through one object (``cuda_ops.CudaOps``); here a
+stand-in (``support.fake_cuda.FakeOps``) records the calls in order while the launches
+themselves run on CPU tensors (Triton interpreter), so the lengths are checked too.
+``tests/test_gpu.py`` runs the same paths on real streams. In order: a patched FutureMap's
+resolve and publish, the flush of a pending publish, publishes under CUDA-graph capture,
+and the private stream's draw (never one of SGLang's)."""
+
+import contextlib
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from compat.expectations import expectation_for
+from support.fake_cuda import (
+    EXACT,
+    FakeOps,
+    FakeStream,
+    direct_relay,
+    messages,
+    warm_publish_variant,
+)
+
+from spec_fused import log
+from spec_fused import relay as relay_mod
+from spec_fused.integration import sglang_patch
+from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
+
+CFG = TraceConfig(pool=16, max_len=32)
+
+
+# ----------------------------------------------------------------------------- resolve and publish
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A patched FutureMap whose relay makes its CUDA calls through a FakeOps, with its
+    launches marked in the log (which stream was current)."""
+    ops = FakeOps()
+    monkeypatch.setattr(relay_mod, "ops_for", lambda device: ops)
+    log.reset()
+    sglang_patch.apply()
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([1, 2]), torch.tensor([10, 20]))
+    relay = relay_mod.relay_for(fm)
+    launch = relay._launch
+
+    def logged(gi, pi, pv, host):
+        ops.log.append((ops.current.name, "launch", "host" if host else "device"))
+        return launch(gi, pi, pv, host)
+
+    relay._launch = logged
+    ops.log.clear()
+    yield SimpleNamespace(ops=ops, fm=fm, relay=relay, ready=fm.publish_ready.name,
+                          done=relay.done_event.name)
+    sglang_patch.remove()
+
+
+def test_exact_lengths_wait_for_the_publish_only_and_the_host_for_one_launch(fake):
+    ops, fm = fake.ops, fake.fm
+    batch = decode_batch([1, 2], CFG)
+    fm.resolve_seq_lens_cpu(batch)  # on the schedule stream
+    relay = fake.relay.relay_stream.name
+    assert ops.log == [
+        (relay, "wait_event", fake.ready),        # gated on publish_ready, nothing else
+        (relay, "launch", "host"),                # the one launch, on the private stream
+        (relay, "record", fake.done),
+        ("schedule", "wait_event", fake.done),    # the caller's stream, on the device
+        ("schedule", "record_stream"),
+        ("host", "synchronize", fake.done),       # the host waits for this launch only
+    ]
+    assert batch.seq_lens.tolist() == [10, 20]
+    assert batch.seq_lens_cpu.tolist() == [10, 20] and batch.seq_lens_sum == 30
+
+
+def test_without_pinned_host_indices_the_step_is_sglangs_never_behind_the_schedule(fake):
+    """Gathering through device indices would order the private stream behind the
+    schedule stream, which sits behind the WAR barrier: the host would wait for the
+    forward's reads where upstream waits for ``publish_ready`` only. So the pending
+    publish lands, gated on ``publish_ready``, and SGLang's own resolve runs the step."""
+    ops = fake.ops
+    batch = decode_batch([1, 2], CFG)
+    batch.req_pool_indices_cpu = None
+    fake.fm.resolve_seq_lens_cpu(batch)
+    relay = fake.relay.relay_stream.name
+    assert ops.log == [
+        (relay, "wait_event", fake.ready),
+        (relay, "record_stream"), (relay, "record_stream"),
+        (relay, "launch", "device"),             # the pending publish lands ...
+        (relay, "record", fake.ready),           # ... and publish_ready follows it
+        ("schedule", "wait_event", fake.ready),  # the caller's stream, on the device
+        ("schedule", "wait_event", fake.ready),  # SGLang's resolve: its own wait
+    ]
+    assert not [e for e in ops.log if e[1] == "wait_stream"]
+    assert batch.seq_lens.tolist() == [10, 20] and batch.seq_lens_cpu.tolist() == [10, 20]
+    assert fake.relay.pending is None and fake.fm.__dict__[relay_mod.RELAY_ATTR] is fake.relay
+
+
+def test_gpu_only_lengths_wait_on_the_device_and_launch_on_the_callers_stream(fake):
+    fake.fm.needs_cpu_seq_lens = False
+    batch = decode_batch([1, 2], CFG)
+    fake.fm.resolve_seq_lens_cpu(batch)
+    assert fake.ops.log == [("schedule", "wait_event", fake.ready),
+                            ("schedule", "launch", "device")]
+    assert batch.seq_lens_cpu is None and batch.seq_lens_sum is None
+
+
+def test_a_mixed_chunk_flush_runs_on_the_private_stream_gated_on_the_publish(fake):
+    """A mixed batch (``spec_info=None``) lands the pending publish: on the private stream,
+    behind ``publish_ready`` only, which is re-recorded there - not on the schedule stream,
+    which sits behind the WAR barrier, so SGLang's mixed-tail resolve (which blocks the
+    host on ``publish_ready``) waits for the publish point, not for the forward."""
+    ops, fm = fake.ops, fake.fm
+    fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))
+    relay = fake.relay.relay_stream.name
+    assert ops.log == [
+        (relay, "wait_event", fake.ready),
+        (relay, "record_stream"), (relay, "record_stream"),  # the publish's tensors
+        (relay, "launch", "device"),                         # publish-only
+        (relay, "record", fake.ready),                       # re-recorded after it
+        ("schedule", "wait_event", fake.ready),              # on the device only
+    ]
+    assert not [e for e in ops.log if e[0] == "schedule" and e[1] in ("launch", "record")]
+    assert fm.__dict__["new_seq_lens_buf"][1:3].tolist() == [10, 20]
+
+
+def test_a_second_publish_orders_the_forward_behind_the_landed_first(fake):
+    ops, fm = fake.ops, fake.fm
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([2, 3]), torch.tensor([21, 30]))
+    relay = fake.relay.relay_stream.name
+    assert ops.log == [
+        (relay, "wait_event", fake.ready),
+        (relay, "record_stream"), (relay, "record_stream"),
+        (relay, "launch", "device"),             # the first publish lands ...
+        (relay, "record", fake.ready),
+        ("forward", "wait_event", fake.ready),   # ... before the forward goes on
+        ("forward", "record", fake.ready),       # and the second publish is recorded
+    ]
+    batch = decode_batch([1, 2, 3], CFG)
+    fm.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens.tolist() == [10, 21, 30]
+
+
+# ----------------------------------------------------------------------------- flush
+
+
+def test_a_flush_before_any_resolve_runs_on_a_stream_none_of_sglangs():
+    ops = FakeOps(relay_handles=(2, 5))  # the first draw aliases the forward stream (2)
+    relay, fm, _ = direct_relay(EXACT, ops=ops)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
+        relay.publish(fm, torch.tensor([1]), torch.tensor([11]))  # lands the first
+    ours = [e for e in ops.log if e[0].startswith("relay")]
+    assert ours and all(e[0] == "relay5" for e in ours)
+
+
+def test_a_flush_whose_future_map_is_gone_orders_behind_the_callers_stream():
+    import gc
+
+    relay, fm, ops = direct_relay(EXACT)
+    relay.pending = (torch.tensor([1]), torch.tensor([10]))
+    buf = fm.new_seq_lens_buf
+    del fm
+    gc.collect()
+    ops.log.clear()
+    relay.flush()
+    assert ops.log[0] == ("relay3", "wait_stream", "schedule")
+    assert relay.pending is None and buf[1] == 10
+
+
+def test_a_landed_publish_records_a_fresh_publish_ready_when_it_was_cleared():
+    relay, fm, ops = direct_relay(EXACT)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
+    fm.publish_ready = None
+    relay.flush()
+    assert fm.publish_ready is not None
+    assert ("relay3", "record", fm.publish_ready.name) in ops.log
+
+
+def test_fencing_keeps_the_pending_publishs_tensors_alive_on_the_callers_stream():
+    relay, fm, ops = direct_relay(EXACT)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
+    ops.log.clear()
+    relay.fence_current_stream()
+    assert ops.log == [("schedule", "wait_event", fm.publish_ready.name),
+                       ("schedule", "record_stream"), ("schedule", "record_stream")]
+
+
+# ----------------------------------------------------------------------------- graph capture
+
+
+def test_a_publish_under_graph_capture_lands_at_once_in_the_capture(fake):
+    """The capture's ``publish_ready`` is an external event: recorded in the capture it
+    records at every replay, and eager waits on it after the capture stay valid."""
+    ops, fm, relay = fake.ops, fake.fm, fake.relay
+    fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # lands it: publish-only
+    ops.log.clear()
+    ops.capturing_now = True
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([4]), torch.tensor([40]))
+    assert relay.pending is None  # never deferred: a deferred write would not replay
+    external = relay.capture_ready.name
+    assert external.startswith("external")
+    assert ops.log == [("forward", "launch", "device"), ("forward", "record", external)]
+    assert fm.publish_ready is relay.capture_ready
+    assert fm.__dict__["new_seq_lens_buf"][4] == 40
+
+
+def test_a_publish_pending_when_capture_begins_lands_outside_it(fake):
+    ops, fm, relay = fake.ops, fake.fm, fake.relay
+    ops.capturing_now = True
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([4]), torch.tensor([40]))
+    relay_name = relay.relay_stream.name
+    assert ops.log == [
+        (relay_name, "wait_event", fake.ready),
+        (relay_name, "record_stream"), (relay_name, "record_stream"),
+        (relay_name, "launch", "device"),        # the pending publish, outside the capture
+        (relay_name, "record", fake.ready),
+        ("forward", "launch", "device"),         # the captured one, in it
+        ("forward", "record", relay.capture_ready.name),  # an external event
+    ]  # and no wait of the capturing stream on an event recorded outside the capture
+    assert fm.__dict__["new_seq_lens_buf"][[1, 2, 4]].tolist() == [10, 20, 40]
+
+
+def test_a_captured_publish_runs_on_the_kernel_and_logs_the_pending_one_once(caplog):
+    relay, fm, ops = direct_relay(EXACT)
+    backend = relay.launcher.backend
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        for value in (10, 11):
+            with ops.on(ops.forward):
+                relay.publish(fm, torch.tensor([1]), torch.tensor([value]))  # pending
+            ops.capturing_now = True
+            with ops.on(ops.forward):
+                relay.publish(fm, torch.tensor([2]), torch.tensor([value + 10]))
+            ops.capturing_now = False
+    assert relay.launcher.backend == backend and relay.pending is None
+    assert fm.new_seq_lens_buf[1:3].tolist() == [11, 21]
+    assert messages(caplog) == ["spec_fused: a publish pending when CUDA-graph capture began "
+                                 "was landed outside the capture"]
+
+
+def test_a_captured_publish_of_a_variant_never_launched_is_sglangs_own(caplog):
+    """Nothing compiles, and no full check runs, inside a capture: a variant this
+    launcher has not launched eagerly before is left to SGLang's publish (here, float
+    values, which SGLang's own publish casts), and the kernel stays."""
+    relay, fm, ops = direct_relay(EXACT)
+    backend = relay.launcher.backend
+    ops.capturing_now = True
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        with pytest.raises(relay_mod.HandToSGLang, match="publish under capture"):
+            with ops.on(ops.forward):
+                relay.publish(fm, torch.tensor([1]), torch.tensor([1.5]))
+    assert relay.launcher.backend == backend and relay.pending is None
+    assert ops.log == []  # not launched, not recorded: SGLang's publish does both
+    assert messages(caplog) == ["spec_fused: a publish under CUDA-graph capture is "
+                                "SGLang's own (its launch variant was not compiled before "
+                                "the capture)"]
+
+
+def test_a_captured_publish_arms_consume_once_as_upstreams_publish_does():
+    if not expectation_for().consume_once:
+        pytest.skip("this release's FutureMap has no consume-once flag (_publish_fresh, 0.5.16+)")
+    upstream_fm = make_future_map("EAGLE", CFG)
+    upstream_fm.publish(torch.tensor([4]), torch.tensor([40]))
+    relay, fm, ops = direct_relay(EXACT)
+    assert relay.consume_once_flag
+    warm_publish_variant(relay, fm, ops)
+    fm._publish_fresh = False
+    ops.capturing_now = True
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
+    assert fm._publish_fresh is upstream_fm._publish_fresh is True
+
+
+class _ScatteredByAGraph:
+    """A FutureMap whose relay buffers are a class-level property (no instance ``_relay``):
+    a captured verify graph has already scattered ``published_seq_lens``."""
+
+    _relay = property(lambda self: self._buffers)
+
+    def __init__(self, published):
+        self.new_seq_lens_buf = torch.zeros(CFG.pool, dtype=torch.int64)
+        self.needs_cpu_seq_lens = True
+        self.publish_ready = None
+        self._buffers = SimpleNamespace(published_seq_lens=published)
+
+
+def test_relay_buffers_found_on_the_class_are_used():
+    published = torch.tensor([5])
+    fm = _ScatteredByAGraph(published)
+    relay = relay_mod.FusedRelay(fm, EXACT, debug=False, ops=None)
+    relay.publish(fm, torch.tensor([1]), published)
+    assert relay.pending is None and fm._buffers.published_seq_lens is None
+
+
+# ----------------------------------------------------------------------------- the private stream
+
+
+@contextlib.contextmanager
+def _published_on_the_forward(monkeypatch, relay_handles, publishes):
+    """A patched FutureMap whose relay draws its private stream from ``relay_handles``
+    (1 is the schedule stream's handle, 2 the forward's), after ``publishes`` made on the
+    forward stream."""
+    ops = FakeOps(relay_handles=relay_handles)
+    monkeypatch.setattr(relay_mod, "ops_for", lambda device: ops)
+    sglang_patch.apply()
+    try:
+        fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
+        with ops.on(ops.forward):
+            for slots, lens in publishes:
+                fm.publish(torch.tensor(slots), torch.tensor(lens))
+        yield ops, fm, relay_mod.relay_for(fm)
+    finally:
+        sglang_patch.remove()
+
+
+def test_the_private_stream_is_redrawn_when_it_is_one_of_sglangs(monkeypatch):
+    """CUDA hands streams out round-robin: the first one drawn aliases the schedule
+    stream here, so it is replaced by one that is none of SGLang's."""
+    with _published_on_the_forward(monkeypatch, (1, 2, 5), [([1], [10])]) as (ops, fm, relay):
+        assert relay.relay_stream.cuda_stream == 1  # the draw aliased the schedule stream
+        batch = decode_batch([1], CFG)
+        fm.resolve_seq_lens_cpu(batch)
+        assert relay.relay_stream.cuda_stream == 5  # neither schedule (1) nor forward (2)
+        assert batch.seq_lens_cpu.tolist() == [10]
+
+
+def test_the_private_stream_is_redrawn_when_it_is_futuremaps_d2h_stream():
+    ops = FakeOps(relay_handles=(7, 5))
+    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
+    fm.fwd_prepare_d2h_stream = FakeStream("d2h", ops.log, 7)
+    relay = relay_mod.FusedRelay(fm, EXACT, debug=False, ops=ops)
+    assert relay.relay_stream.cuda_stream == 7
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
+    batch = decode_batch([1], CFG)
+    relay.resolve(fm, batch)
+    assert relay.relay_stream.cuda_stream == 5
+    assert batch.seq_lens_cpu.tolist() == [10] and batch.seq_lens_sum == 10
+
+
+def test_every_caller_stream_is_vetted_before_the_private_stream_runs_its_work(monkeypatch):
+    """The first use of the private stream may be a flush from the forward stream (two
+    publishes without a resolve); the schedule stream is vetted too, at its own first
+    use, and a private stream that aliases it is redrawn, ordered after the old one."""
+    with _published_on_the_forward(monkeypatch, (1, 5), [([1], [10]), ([2], [20])]) \
+            as (ops, fm, relay):
+        assert relay.relay_stream.cuda_stream == 1  # fine for the forward stream (2)
+        ops.log.clear()
+        batch = decode_batch([1, 2], CFG)
+        fm.resolve_seq_lens_cpu(batch)  # the schedule stream's first use
+        assert relay.relay_stream.cuda_stream == 5
+        assert ops.log[0] == ("relay5", "wait_stream", "relay1")  # after the old one's work
+        assert batch.seq_lens_cpu.tolist() == [10, 20]
+
+
+def test_landing_with_plain_torch_fences_before_it_forgets_the_publish(fake):
+    """``settle_pending`` (a hand-back's last landing) orders the caller's stream after
+    ``publish_ready`` and keeps the pending publish's forward-stream tensors alive for it
+    (``record_stream``) *before* it drops them, then writes from them on that stream."""
+    ops, fm, relay = fake.ops, fake.fm, fake.relay
+    relay.settle_pending()
+    assert ops.log == [
+        ("schedule", "wait_event", fake.ready),
+        ("schedule", "record_stream"), ("schedule", "record_stream"),  # indices, values
+        ("schedule", "record", fake.ready),
+    ]
+    assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][1:3].tolist() == [10, 20]
+
+
+def test_without_external_events_a_publish_under_capture_is_sglangs_own(fake):
+    """A torch with no ``Event(external=True)`` cannot give a capture a ``publish_ready``
+    that eager waits may use afterwards: SGLang's own publish runs it, as shipped."""
+    ops, fm, relay = fake.ops, fake.fm, fake.relay
+    fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # the variant is compiled
+    relay.capture_ready = None
+    ops.log.clear()
+    ops.capturing_now = True
+    with ops.on(ops.forward):
+        fm.publish(torch.tensor([4]), torch.tensor([40]))
+    assert relay.pending is None and fm.__dict__[relay_mod.RELAY_ATTR] is relay
+    assert ops.log == [("forward", "record", fake.ready)]  # SGLang's scatter, its record
+    assert fm.__dict__["new_seq_lens_buf"][4] == 40

@@ -1,0 +1,110 @@
+"""The "where it helps" table (spec_fused/tools/impact.py) held to the installed release's source:
+which attention backends opt out of host lengths and on what condition, which draft
+backends DFLASH keeps, and what upstream's relay step does (the copy, the sync) that the
+cost columns claim. The compat tier runs this once per tested release."""
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from spec_fused.tools import impact
+from spec_fused.integration import sglang_patch
+from spec_fused.upstream import module_source
+
+VERSION = sglang_patch._sglang_version()
+ATTN = "sglang.srt.layers.attention."
+# --attention-backend value -> (module, class) as the attention registry maps it
+CLASSES = {
+    "triton": ("triton_backend", "TritonAttnBackend"),
+    "trtllm_mha": ("trtllm_mha_backend", "TRTLLMHAAttnBackend"),
+    "trtllm_mla": ("trtllm_mla_backend", "TRTLLMMLABackend"),
+    "fa3": ("flashattention_backend", "FlashAttentionBackend"),
+    "fa4": ("flashattention_backend", "FlashAttentionBackend"),
+    "flashmla": ("flashmla_backend", "FlashMLABackend"),
+    "dsa": ("dsa_backend", "DeepseekSparseAttnBackend"),
+    "flashinfer": ("flashinfer_backend", "FlashInferAttnBackend"),
+    "aiter": ("aiter_backend", "AiterAttnBackend"),
+}
+
+
+def _class_assignments(module: str, cls: str) -> list:
+    """The source of every assignment to ``needs_cpu_seq_lens`` in the class body or its
+    methods (``self.needs_cpu_seq_lens = ...``)."""
+    spec = importlib.util.find_spec(ATTN + module)
+    src = Path(spec.origin).read_text(encoding="utf-8")
+    node = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == cls)
+    found = []
+    for sub in ast.walk(node):
+        targets = []
+        if isinstance(sub, ast.AnnAssign):
+            targets = [sub.target]
+        elif isinstance(sub, (ast.Assign, ast.AugAssign)):
+            targets = getattr(sub, "targets", None) or [sub.target]
+        for t in targets:
+            name = t.id if isinstance(t, ast.Name) else getattr(t, "attr", None)
+            if name == "needs_cpu_seq_lens":
+                found.append(ast.get_source_segment(src, sub))
+    return found
+
+
+@pytest.mark.parametrize("backend", sorted(CLASSES))
+def test_the_backend_facts_are_this_releases(backend):
+    module, cls = CLASSES[backend]
+    if importlib.util.find_spec(ATTN + module) is None:
+        pytest.fail(f"{module} is not in SGLang {VERSION}")
+    assigned = " ; ".join(_class_assignments(module, cls))
+    opts_out, note = impact.gpu_only(VERSION, backend, "EAGLE")
+    dflash_only = impact.gpu_only(VERSION, backend, "DFLASH")[0] and not opts_out
+    if dflash_only:
+        assert "is_dflash()" in assigned, assigned
+    elif opts_out:
+        assert "needs_cpu_seq_lens: bool = False" in assigned or \
+            "self.needs_cpu_seq_lens = False" in assigned, assigned
+    else:
+        assert "False" not in assigned and "is_dflash" not in assigned, assigned
+    kv_shard = "_kv_shard_pool is not None" in assigned
+    assert kv_shard == ("KV-shard" in note), (assigned, note)
+    kpool = "dsa_index_kpool > 1" in assigned
+    assert kpool == ("dsa_index_kpool" in note), (assigned, note)
+
+
+def test_dflash_keeps_the_draft_backends_the_table_says():
+    hook = module_source("sglang.srt.arg_groups.speculative_hook") or ""
+    choices = module_source("sglang.srt.arg_groups.choices") or ""
+    worker = module_source("sglang.srt.speculative.dflash_worker_v2") or ""
+    text = hook + choices + worker
+    kept = impact._at(VERSION, impact._DFLASH_DRAFTS)
+    for name in kept:
+        assert f'"{name}"' in text, name
+    assert ('"trtllm_mha"' in text and "trtllm_mha" in kept) or "trtllm_mha" not in kept
+
+
+def test_upstreams_step_costs_are_what_the_columns_claim():
+    """Host lengths: a scatter, a gather, a copy of the whole pool to pinned memory and a
+    stream synchronize; without them, the scatter and the gather only."""
+    src = module_source("sglang.srt.managers.overlap_utils")
+    tree = ast.parse(src)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FutureMap")
+    methods = {n.name: ast.unparse(n) for n in cls.body  # code only, no comments
+               if isinstance(n, ast.FunctionDef)}
+    publish, resolve = methods["publish"], methods["resolve_seq_lens_cpu"]
+    assert "self.new_seq_lens_buf[indices] = new_seq_lens.to(" in publish
+    assert "batch.seq_lens = self.new_seq_lens_buf[fi]" in resolve
+    assert "self.new_seq_lens_cpu_pinned.copy_(self.new_seq_lens_buf" in resolve  # 8·pool
+    assert "self.fwd_prepare_d2h_stream.synchronize()" in resolve  # the host sync
+    gpu_only_branch = resolve[resolve.index("if not self.needs_cpu_seq_lens"):]
+    gpu_only_branch = gpu_only_branch[:gpu_only_branch.index("return")]
+    assert ".cpu()" not in gpu_only_branch and "synchronize" not in gpu_only_branch
+
+
+@pytest.mark.parametrize("algorithm", ["DFLASH", "EAGLE", "NGRAM"])
+def test_every_row_says_where_it_helps_from_the_host_lengths(algorithm):
+    for backend in CLASSES:
+        row = impact.configuration(VERSION, backend, algorithm)
+        assert row.verdict == (impact.HELPS if row.needs_host_lengths else impact.NOTHING)
+        assert row.upstream["host_syncs"] == (1 if row.needs_host_lengths else 0)
+        assert row.spec_fused["device_ops"] == 1 and row.spec_fused["barrier"]
+    assert impact.configuration(VERSION, "triton", "EAGLE", two_batch_overlap=True
+                                ).needs_host_lengths

@@ -1,0 +1,132 @@
+"""The README says what the code and the committed results say: its generated tables are
+current (the impact table from spec_fused/tools/impact.py, the results from bench/results/cpu,
+the compatibility table from tests/compat/results.json), each row of the impact table says
+what its costs mean, and it stays a front door: short prose, `pip install` early, the
+sections in the order a user needs them, and every link it gives leads somewhere."""
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+MAX_PROSE_WORDS = 1800
+PIP_INSTALL_WITHIN = 600
+# The front door's sections, in order (the README's ## headings must start with these).
+SECTIONS = [
+    "What it changes on your server",
+    "GPU status",
+    "Install and enable",
+    "A/B it",
+    "The two commands",
+    "Compatibility",
+    "Troubleshooting",
+]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def prose_words(text: str) -> list:
+    """The words a reader reads as prose: not inside HTML comments, fenced code blocks or
+    tables (lines starting with ``|``); a word has at least one letter or digit."""
+    text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+    kept, fenced = [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or stripped.startswith("|"):
+            continue
+        kept.append(line)
+    return [w for w in " ".join(kept).split() if re.search(r"\w", w)]
+
+
+def test_prose_words_skips_tables_code_and_comments():
+    text = ("# Title here\n\none two `three`\n\n| a | b |\n|---|---|\n| c | d |\n\n"
+            "```bash\npip install x\n```\n<!-- a\ncomment -->\n- four -- five\n")
+    assert prose_words(text) == ["Title", "here", "one", "two", "`three`", "four", "five"]
+
+
+def test_the_readme_is_a_short_front_door_with_pip_install_early():
+    words = prose_words(README.read_text())
+    assert len(words) <= MAX_PROSE_WORDS, f"README prose is {len(words)} words"
+    joined = " ".join(words)
+    assert "pip install" in joined, "README prose never says pip install"
+    position = len(joined[:joined.index("pip install")].split())
+    assert position <= PIP_INSTALL_WITHIN, f"`pip install` first at prose word {position}"
+
+
+def test_the_readmes_sections_come_in_the_front_doors_order():
+    headings = [h.strip() for h in re.findall(r"^## (.+)$", README.read_text(), flags=re.M)]
+    found = [next((i for i, h in enumerate(headings) if h.startswith(s)), None)
+             for s in SECTIONS]
+    assert None not in found, dict(zip(SECTIONS, found, strict=True))
+    assert found == sorted(found), headings
+
+
+def _anchors(path: Path) -> set:
+    """GitHub's heading anchors and explicit ``<a id=...>`` targets of a markdown file."""
+    text = path.read_text()
+    ids = set(re.findall(r'<a id="([^"]+)"', text))
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        ids.add(slug)
+    return ids
+
+
+def test_every_relative_link_leads_somewhere():
+    for doc in (README, ROOT / "docs" / "design.md", ROOT / "bench" / "README.md"):
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            assert dest.exists(), f"{doc.name}: {target}: no such file"
+            if anchor:
+                assert anchor in _anchors(dest), f"{doc.name}: {target}: no such anchor"
+
+
+def test_the_readmes_generated_tables_are_current():
+    assert _load("readme_tables").main(["--check"]) == 0
+
+
+def test_each_impact_row_says_what_its_costs_mean():
+    """Where a backend reads host lengths: 3 device ops become 1, the 8·pool-byte copy
+    becomes 8·(bs+2) written by the launch, the host still waits; where every backend
+    opts out: 2 become 1, nothing is copied and nothing waits either way. Both keep the
+    WAR barrier. (tests/test_impact.py holds the costs to upstream's source.)"""
+    text = README.read_text()
+    table = text.split("<!-- impact-table:begin -->")[1].split("<!-- impact-table:end -->")[0]
+    header, *rows = [line for line in table.splitlines() if line.startswith("| ")]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert len(rows) >= 6
+    for line in rows:
+        row = dict(zip(columns, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        if row["host lengths"] == "read":
+            assert row["device ops"] == "3 → 1", line
+            assert row["D2H bytes"] == "8·pool → 8·(bs+2)", line
+            assert row["spec_fused saves per step"].startswith("**helps**: 2 device ops and "
+                                                               "the 8·pool-byte D2H copy"), line
+            assert row["spec_fused saves per step"].endswith("the host still waits"), line
+        else:
+            assert row["host lengths"] == "opted out", line
+            assert (row["device ops"], row["D2H bytes"]) == ("2 → 1", "0 → 0"), line
+            assert row["host waits for"] == "nothing → nothing", line
+            assert row["spec_fused saves per step"] == ("**nothing that matters**: 1 device "
+                                                        "op; no host wait either way"), line
+    assert {row.split("|")[4].strip() for row in rows} == {"read", "opted out"}
+    assert "Both keep SGLang's WAR barrier on every row." in table
+
+
+def test_the_readmes_compatibility_table_is_the_committed_results():
+    tier = _load("compat_tier")
+    table = tier.render(json.loads((ROOT / "tests" / "compat" / "results.json").read_text()))
+    assert table in README.read_text()
