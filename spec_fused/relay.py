@@ -17,7 +17,7 @@ follows :mod:`spec_fused.caps`:
 
 Everything fixed per FutureMap is bound when the relay is made, so a step reads its
 inputs, makes one launch and writes the batch's fields. A publish still pending when
-anything else reads ``new_seq_lens_buf`` lands first (:meth:`FusedRelay.flush`), as does
+anything else reads ``new_seq_lens_buf`` lands first (:meth:`FusedRelay.land_pending`), as does
 one at a resolve with nothing to gather. Every failure walks down a ladder - Triton kernel
 -> torch reference -> SGLang's own method - logging each reason once. CUDA calls and the
 devices it engages on: :mod:`spec_fused.cuda_ops`.
@@ -42,7 +42,7 @@ from spec_fused.kernels.checks import (
     PoisonedSlotError,
     StaleHostMirrorError,
 )
-from spec_fused.kernels.step_launcher import PublishGather
+from spec_fused.kernels.step_launcher import StepLauncher
 from spec_fused.log import log_once
 from spec_fused.upstream import confidential_compute, debug_enabled, sglang_tracks_seq_lens
 
@@ -53,7 +53,7 @@ DISABLED_ATTR = "_spec_fused_disabled"  # a relay handed back to SGLang, kept fo
 CAPS_ATTR = "_spec_fused_caps"  # set by the scheduler patch, which knows worker + backends
 BUF_ATTR = "new_seq_lens_buf"
 
-live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()  # for remove() to flush
+live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()  # for remove() to land what is pending
 # What is the caller's fault (bad input, raised before anything is written) or a caught
 # bug (SGLang's own debug assertions, the consume-once and stamp checks): raised to the
 # caller, never a reason to change backend. Anything else a launch raises - Triton's
@@ -127,7 +127,7 @@ class FusedRelay:
                      "come from SGLang's resolve; the fused launch serves the GPU-only steps",
                      level=logging.INFO)
         # On CPU the lengths are host lengths already: a step needs their sum, no mirror.
-        self.launcher = PublishGather(buf, poison=debug, validate=debug, debug=debug,
+        self.launcher = StepLauncher(buf, poison=debug, validate=debug, debug=debug,
                                       backend=backend, pinned=self.pinned_ok,
                                       mirror=self.on_cuda)
         self.set_caps(caps)
@@ -189,7 +189,7 @@ class FusedRelay:
         if isinstance(exc, (InputError, InputTypeError)):
             # The caller's mistake, raised to the caller as upstream's own publish or
             # gather would; what can still land of the pending publish does.
-            self.settle_pending()
+            self.land_with_torch()
             raise exc
         raise_if_sticky(exc, self.step_name("launch"), logger)
         if isinstance(exc, NOT_A_BACKEND_FAILURE) or \
@@ -241,7 +241,7 @@ class FusedRelay:
             if self._publish_stream is None:
                 self._publish_stream = self.ops.handle(self.ops.current_stream())
         if self.pending is not None:  # two publishes without a resolve: keep their order
-            self.flush()
+            self.land_pending()
         relay = fm._relay if self.has_relay_buffers else None
         if relay is not None and new_seq_lens is relay.published_seq_lens:
             relay.published_seq_lens = None  # a captured verify graph already scattered
@@ -267,20 +267,20 @@ class FusedRelay:
         node that records at every replay, and an eager ``wait()`` or ``synchronize()``
         after the capture is valid (an ordinary event recorded in a capture is a captured
         node: eager use may fail with ``cudaErrorCapturedEvent``, and replays would not
-        re-record it). Without external events in the installed torch, or for a variant
+        re-record it). Without external events in the installed torch, or for a specialization
         this launcher has not launched before (nothing may compile inside a capture),
         the publish is SGLang's own. (SGLang 0.5.23 never publishes under capture.)"""
         if self.pending is not None:
             log_once("capture-pending", "a publish pending when CUDA-graph capture began was "
                      "landed outside the capture")
-            self.flush(fence=False)
+            self.land_pending(fence=False)
         empty = self.launcher.buf[:0]
         ready = self.capture_ready
-        if ready is None or not self.launcher.has_variant(empty, indices, new_seq_lens, False):
+        if ready is None or not self.launcher.has_launched(empty, indices, new_seq_lens, False):
             log_once(("capture-sglang", ready is None),
                      "a publish under CUDA-graph capture is SGLang's own (%s)",
                      "this torch has no external events" if ready is None else
-                     "its launch variant was not compiled before the capture",
+                     "its launch specialization was not compiled before the capture",
                      level=logging.INFO)
             raise HandToSGLang("publish under capture")
         try:
@@ -297,7 +297,7 @@ class FusedRelay:
         fi = None if spec is None else spec.future_indices
         if fi is None:
             if self.pending is not None:  # no pending publish may outlive this step
-                self.flush()
+                self.land_pending()
             return
         event = fm.publish_ready
         # gives_host_lengths(fm), inline: this is the per-step path
@@ -349,7 +349,7 @@ class FusedRelay:
         why = ("Confidential Computing" if not self.pinned_ok else
                "no publish yet" if event is None else
                "the batch has no host indices matching future_indices")
-        self.flush()
+        self.land_pending()
         if self.pinned_ok:  # under CC the relay said so once, when it was made
             log_once(("hand-back", why), "exact host lengths with %s: SGLang's own resolve "
                      "runs such steps", why, level=logging.INFO)
@@ -420,7 +420,7 @@ class FusedRelay:
 
     # ------------------------------------------------------------------ other readers
 
-    def flush(self, fence: bool = True) -> None:
+    def land_pending(self, fence: bool = True) -> None:
         """Land a pending publish now, as a publish-only launch.
 
         On CUDA it runs on the private stream gated on ``publish_ready`` only, and
@@ -476,7 +476,7 @@ class FusedRelay:
             fm.publish_ready = self.ops.event()
         fm.publish_ready.record(stream)
 
-    def settle_pending(self) -> None:
+    def land_with_torch(self) -> None:
         """Land a pending publish with plain torch (what upstream's publish does at once),
         or, if it cannot land (it is itself the bad input), drop it: either way nothing
         of it is left to fail again."""

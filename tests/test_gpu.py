@@ -20,7 +20,7 @@ from spec_fused.kernels import canary as canary_mod  # noqa: E402
 from spec_fused.kernels import publish_gather as kernel  # noqa: E402
 from spec_fused.kernels.checks import PoisonedSlotError  # noqa: E402
 from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference  # noqa: E402
-from spec_fused.kernels.step_launcher import PublishGather  # noqa: E402
+from spec_fused.kernels.step_launcher import StepLauncher  # noqa: E402
 from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map, run_trace  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -76,7 +76,7 @@ def test_pinned_host_out_and_pinned_indices_are_read_and_written_zero_copy(kerne
 
 def test_poison_on_gpu_is_reported_after_a_sync():
     buf = torch.full((64,), -1, dtype=torch.int64, device=DEV)
-    pg = PublishGather(buf, poison=True)
+    pg = StepLauncher(buf, poison=True)
     pg.launch_checked(torch.tensor([1, 2], device=DEV), torch.tensor([1], device=DEV),
                       torch.tensor([5], device=DEV), False)
     torch.cuda.synchronize()
@@ -103,7 +103,7 @@ def test_bound_direct_launch_matches_the_reference_one_launch_per_step(kernel_la
                                      (4096, 3000, 0, False, torch.int64)]:
         buf = torch.randint(0, 1 << 40, (pool,), generator=g)
         ref = buf.clone()
-        pg = PublishGather(buf.to(DEV))
+        pg = StepLauncher(buf.to(DEV))
         kernel_launches.reset()
         steps = 6
         for step in range(steps):
@@ -120,12 +120,12 @@ def test_bound_direct_launch_matches_the_reference_one_launch_per_step(kernel_la
                 lens, total = pg.read_row(pg.stamp, n)
                 assert torch.equal(lens, want.seq_lens) and total == int(want.seq_lens_sum)
         assert torch.equal(pg.buf.cpu(), ref)
-        assert pg._fast is not None and pg._fast.blocked is None, pg._fast.blocked
+        assert pg._direct is not None and pg._direct.blocked is None, pg._direct.blocked
         assert kernel_launches.count == steps and kernel_launches.direct == steps - 1
 
 
 def test_an_empty_publish_keeps_the_direct_launch(kernel_launches):
-    pg = PublishGather(torch.zeros(64, dtype=torch.int64, device=DEV))
+    pg = StepLauncher(torch.zeros(64, dtype=torch.int64, device=DEV))
     gi, empty = torch.tensor([1, 2], device=DEV), torch.empty(0, dtype=torch.int64, device=DEV)
     for _ in range(4):
         pg.launch(gi, empty, empty, False)
@@ -136,7 +136,7 @@ def test_an_empty_publish_keeps_the_direct_launch(kernel_launches):
 def test_a_launch_hook_and_a_late_pre_run_hook_take_the_normal_path(kernel_launches):
     from triton import knobs
 
-    pg = PublishGather(torch.zeros(64, dtype=torch.int64, device=DEV))
+    pg = StepLauncher(torch.zeros(64, dtype=torch.int64, device=DEV))
     idx = torch.tensor([1, 2], device=DEV)
     pg.launch(idx, idx, idx + 1, False)
     seen = []
@@ -165,7 +165,7 @@ def test_a_launch_hook_and_a_late_pre_run_hook_take_the_normal_path(kernel_launc
 def test_a_launch_from_another_current_device_runs_on_the_buffers():
     """Needs two GPUs, so the lent one-GPU machine skips it; the switch itself is held on
     a CPU stand-in (tests/test_direct_launch.py)."""
-    pg = PublishGather(torch.zeros(16, dtype=torch.int64, device="cuda:0"))
+    pg = StepLauncher(torch.zeros(16, dtype=torch.int64, device="cuda:0"))
     idx = torch.tensor([1, 2], device="cuda:0")
     with torch.cuda.device(1):
         out = pg.launch(idx, idx, idx + 5, False)
@@ -209,7 +209,7 @@ def test_traces_on_real_streams_match_upstream(algo, needs_cpu):
         fm = make_future_map(algo, cfg, device=DEV, needs_cpu_seq_lens=needs_cpu)
         got = run_trace(fm, cfg)
         launcher = relay_mod.relay_for(fm).launcher
-        assert launcher.backend == "triton" and launcher._fast.blocked is None
+        assert launcher.backend == "triton" and launcher._direct.blocked is None
     finally:
         sglang_patch.remove()
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
@@ -229,7 +229,7 @@ def test_the_private_stream_is_none_of_sglangs_and_high_priority(patched):
     assert relay.relay_stream.priority < 0
 
 
-def test_a_mixed_chunk_flush_is_gated_on_the_publish_not_the_forward(patched):
+def test_a_mixed_chunk_landing_is_gated_on_the_publish_not_the_forward(patched):
     """The pending publish of a mixed-chunk step lands on the private stream behind
     ``publish_ready``: the event completes at the publish point while the forward's long
     tail (and the schedule stream, which waits for all of it) is still running."""
@@ -248,7 +248,7 @@ def test_a_mixed_chunk_flush_is_gated_on_the_publish_not_the_forward(patched):
     with torch.cuda.stream(schedule):
         fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # a mixed-chunk step
     fm.publish_ready.synchronize()  # what SGLang's mixed-tail resolve blocks the host on
-    assert not done.query(), "the flush waited for the forward (the WAR barrier)"
+    assert not done.query(), "the landing waited for the forward (the WAR barrier)"
     torch.cuda.synchronize()
     assert fm.__dict__["new_seq_lens_buf"][1:3].cpu().tolist() == [11, 12]
 
@@ -260,7 +260,7 @@ def test_a_publish_under_graph_capture_lands_at_every_replay(patched):
     idx = torch.tensor([3, 4], device=DEV)
     vals = torch.zeros(2, dtype=torch.int64, device=DEV)
     side = torch.cuda.Stream()
-    with torch.cuda.stream(side):  # warm the variants outside capture
+    with torch.cuda.stream(side):  # warm the specializations outside capture
         fm.publish(idx, vals)
         fm.resolve_seq_lens_cpu(decode_batch([3, 4], cfg, device=DEV))
     torch.cuda.synchronize()
@@ -285,7 +285,7 @@ def test_a_publish_under_graph_capture_lands_at_every_replay(patched):
 
 
 def test_the_direct_launch_with_a_host_row_can_be_captured():
-    pg = PublishGather(torch.zeros(256, dtype=torch.int64, device=DEV))
+    pg = StepLauncher(torch.zeros(256, dtype=torch.int64, device=DEV))
     gi = torch.zeros(16, dtype=torch.int64, device=DEV)
     pi = torch.zeros(16, dtype=torch.int64, device=DEV)
     pv = torch.zeros(16, dtype=torch.int32, device=DEV)
@@ -426,7 +426,7 @@ def test_the_launchers_state_lives_where_cuda_needs_it():
     sum on the buffer's device, the poison flag pinned (the host reads it zero-copy), the
     empty result a real device pointer that aliases nothing."""
     buf = torch.zeros((64,), dtype=torch.int64, device=DEV)
-    pg = PublishGather(buf, poison=True, validate=True, debug=True)
+    pg = StepLauncher(buf, poison=True, validate=True, debug=True)
     assert pg.out_sum.device == buf.device
     assert pg._flag.is_pinned() and pg._flag.device.type == "cpu"
     assert pg.empty_out.device == buf.device and pg.empty_out.numel() == 0
@@ -437,7 +437,7 @@ def test_the_reference_rung_moves_staged_host_indices_to_the_device():
     """Staged (pinned) gather indices reach the reference path on the buffer's device.
     (The same copy made blocking would show only as the host waiting.)"""
     buf = torch.arange(64, dtype=torch.int64, device=DEV) * 3
-    pg = PublishGather(buf, backend="reference")
+    pg = StepLauncher(buf, backend="reference")
     gi = pg.stage_host_indices(torch.tensor([5, 9, 2]))
     assert gi.is_pinned()
     pg.launch_checked(gi, None, None, False)  # the combination is now known
@@ -455,7 +455,7 @@ def test_debug_mode_checks_slot_values_on_cuda_too():
 
     buf = torch.zeros((16,), dtype=torch.int64, device=DEV)
     for debug in (dict(validate=True), dict(poison=True)):
-        pg = PublishGather(buf, **debug)
+        pg = StepLauncher(buf, **debug)
         with pytest.raises(InputError):
             pg.launch_checked(torch.tensor([3, 99], device=DEV), None, None, False)
         assert torch.equal(buf.cpu(), torch.zeros(16, dtype=torch.int64))

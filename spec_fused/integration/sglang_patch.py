@@ -224,7 +224,7 @@ def _make_publish(original):
             if relay is None or args or not future_indices.shape[0] \
                     or not _no_confidence(kwargs):
                 if relay is not None:
-                    relay.flush()  # keep publish order when SGLang's path writes the buffer
+                    relay.land_pending()  # keep publish order when SGLang's path writes the buffer
                 return original(self, future_indices, new_seq_lens, *args, **kwargs)
         try:
             relay.publish(self, future_indices, new_seq_lens)
@@ -252,7 +252,7 @@ def _make_resolve(original):
             # ``stream_ordered`` (0.5.23's HIP-only GPU path, which the relay does not
             # engage on) or anything newer: SGLang's own resolve, after the pending
             # publish lands.
-            relay.flush()
+            relay.land_pending()
             return original(self, batch, *args, **kwargs)
         try:
             relay.resolve(self, batch)
@@ -276,20 +276,20 @@ def _make_mixed_tails(original):
 def disable(fm, relay: _relay.FusedRelay, reason: str) -> None:
     """Hand ``fm`` back to SGLang for good: land what is pending with plain torch (what
     upstream's publish does), then stop relaying."""
-    relay.settle_pending()
+    relay.land_with_torch()
     relay.disabled_reason = reason
     fm.__dict__[_relay.RELAY_ATTR] = None
     fm.__dict__[_relay.DISABLED_ATTR] = relay
 
 
-def flush_all() -> None:
+def land_all_pending() -> None:
     for relay in list(_relay.live_relays):
         if relay.pending is not None:
             try:
-                relay.flush()
+                relay.land_pending()
             except Exception as exc:
                 raise_if_sticky(exc, relay.step_name("landing of a pending publish"), logger)
-                relay.settle_pending()
+                relay.land_with_torch()
 
 
 def read_buffer(fm) -> torch.Tensor:
@@ -298,10 +298,10 @@ def read_buffer(fm) -> torch.Tensor:
     relay = fm.__dict__.get(_relay.RELAY_ATTR)
     if relay is not None and relay.pending is not None:
         try:
-            relay.flush()
+            relay.land_pending()
         except Exception as exc:
             raise_if_sticky(exc, relay.step_name("landing of a pending publish"), logger)
-            disable(fm, relay, f"flush failed: {exc}")
+            disable(fm, relay, f"landing a pending publish failed: {exc}")
     try:
         return fm.__dict__[_relay.BUF_ATTR]
     except KeyError:
@@ -522,7 +522,7 @@ def remove() -> None:
     global _patches, _report
     if _patches is None:
         return
-    flush_all()
+    land_all_pending()
     _patches.undo()
     _patches = _report = None
 

@@ -1,6 +1,6 @@
 """The start-up canary: prove on the device, before serving, that the fused step is right.
 
-Why: the CUDA path meets its first GPU at a user's. Before the first request, every variant
+Why: the CUDA path meets its first GPU at a user's. Before the first request, every specialization
 the relay will launch runs on scratch data through the path it will use - the direct
 launch, the normal launch, the pinned host ring, a private high-priority stream, and in
 debug mode the poisoning launcher - and each result (lengths, sum, host row and stamp,
@@ -36,20 +36,20 @@ import torch
 from spec_fused.faults import is_sticky_fault, raise_if_sticky
 from spec_fused.kernels import publish_gather as kernel
 from spec_fused.kernels.backend import Verdict, backend_for, device_key, record_verdict
-from spec_fused.kernels.step_launcher import PublishGather
+from spec_fused.kernels.step_launcher import StepLauncher
 
 __all__ = ["CASES", "CanaryMismatch", "canary", "child_canary", "prewarm"]
 
 logger = logging.getLogger("spec_fused")
 
 # (publish values dtype or None, gather from pinned host indices, host mirror, batch):
-# every combination the relay launches, and the publish-only launch of a flush.
+# every combination the relay launches, and the publish-only launch that lands a pending publish.
 CASES = [(values, pinned, host, 4)
          for values in (torch.int64, torch.int32, None)
          for pinned in (False, True)
          for host in (False, True)] + [(torch.int64, False, False, 0),
                                        (torch.int32, False, False, 0)]
-CHILD_TIMEOUT_S = 300.0  # a cold Triton cache compiles every variant in the child
+CHILD_TIMEOUT_S = 300.0  # a cold Triton cache compiles every specialization in the child
 
 
 class CanaryMismatch(AssertionError):
@@ -60,8 +60,8 @@ class _DirectLaunchFailed(Exception):
     """The per-step (direct) launch failed a case its normal launch had just passed."""
 
 
-def _check_case(launcher, mirror, case, step: int, lean: bool, stream, sync) -> bool:
-    """One launch of ``case`` through ``launcher`` (``lean``: the per-step path, which
+def _check_case(launcher, mirror, case, step: int, per_step: bool, stream, sync) -> bool:
+    """One launch of ``case`` through ``launcher`` (``per_step``: the per-step path, which
     is the direct launch where bound; else the checked, normal launch), compared with
     the reference run on the host mirror of the same buffer (poisoning as the launcher
     does, in debug mode). Returns whether the launch went through the direct launch."""
@@ -78,9 +78,9 @@ def _check_case(launcher, mirror, case, step: int, lean: bool, stream, sync) -> 
     gather = launcher.stage_host_indices(gather_cpu) if pinned else gather_cpu.to(device)
     pi = publish_cpu.to(device) if values_dtype else None
     pv = values_cpu.to(values_dtype).to(device) if values_dtype else None
-    direct = lean and launcher.launches_directly(gather, pi, pv, host)
+    direct = per_step and launcher.launches_directly(gather, pi, pv, host)
     with stream:
-        out = (launcher.launch if lean else launcher.launch_checked)(gather, pi, pv, host)
+        out = (launcher.launch if per_step else launcher.launch_checked)(gather, pi, pv, host)
         sync()
     got = out.cpu()
     if not torch.equal(got, want.seq_lens):
@@ -98,9 +98,9 @@ def _check_case(launcher, mirror, case, step: int, lean: bool, stream, sync) -> 
     return direct
 
 
-def _run_cases(launcher, stream, sync, *, lean: bool) -> tuple[int, bool]:
+def _run_cases(launcher, stream, sync, *, per_step: bool) -> tuple[int, bool]:
     """Each case through the normal launch (a failure there is the kernel's), then, when
-    ``lean``, through the per-step launch (a failure there is the direct launch's:
+    ``per_step``, through the per-step launch (a failure there is the direct launch's:
     :class:`_DirectLaunchFailed`). A poisoning (debug) launcher starts each check from a
     fresh buffer, as consumed rows may not be read again. Returns the cases run and
     whether every per-step launch went through the direct launch."""
@@ -113,12 +113,12 @@ def _run_cases(launcher, stream, sync, *, lean: bool) -> tuple[int, bool]:
             mirror.copy_(base)
             launcher.buf.copy_(base)
 
-    n, all_direct = 0, lean
+    n, all_direct = 0, per_step
     for step, case in enumerate(CASES):
         fresh()
         _check_case(launcher, mirror, case, step, False, stream, sync)  # compiles, binds
         n += 1
-        if lean:
+        if per_step:
             fresh()
             try:
                 all_direct &= _check_case(launcher, mirror, case, 100 + step, True, stream,
@@ -137,12 +137,12 @@ def canary(device, *, debug: bool = False, make_launcher=None) -> Verdict:
     launch is used); one of the normal launch - the kernel itself - or a canary that
     cannot even set up puts the device on the reference. A sticky device fault escapes,
     noted (:mod:`spec_fused.faults`). It costs seconds on a cold Triton cache (every
-    variant compiles), far less on a warm one, and nothing per step; the verdict says how
+    specialization compiles), far less on a warm one, and nothing per step; the verdict says how
     long it took. ``make_launcher(buf, backend)`` stands in for the launcher (tests)."""
     device = torch.device(device)
     if make_launcher is None:
         def make_launcher(buf, backend):
-            return PublishGather(buf, backend=backend, poison=debug, validate=debug,
+            return StepLauncher(buf, backend=backend, poison=debug, validate=debug,
                                  debug=debug)
     backend = backend_for(device)
     previous = _child_report(device)
@@ -167,7 +167,7 @@ def _prove(verdict: Verdict, device, backend: str, make_launcher) -> Verdict:
         else:
             stream, sync = contextlib.nullcontext(), (lambda: None)
         launcher = make_launcher(scratch, backend)
-        cases, all_direct = _run_cases(launcher, stream, sync, lean=True)
+        cases, all_direct = _run_cases(launcher, stream, sync, per_step=True)
         verdict.cases += cases
         # What ran, not what was allowed: a launch hook or a device switch makes the
         # per-step path take the normal launch, and the verdict says so.
@@ -182,7 +182,7 @@ def _prove(verdict: Verdict, device, backend: str, make_launcher) -> Verdict:
     try:
         launcher = make_launcher(scratch, backend)
         launcher.block_direct_launch("the start-up canary failed the direct launch")
-        verdict.cases += _run_cases(launcher, stream, sync, lean=False)[0]
+        verdict.cases += _run_cases(launcher, stream, sync, per_step=False)[0]
     except Exception as exc:
         raise_if_sticky(exc, where, logger)
         return _on_reference(verdict, f"{type(exc).__name__}: {exc}")
@@ -202,7 +202,7 @@ def _log(device, note: str) -> None:
 
 
 def prewarm(device, *, debug: bool = False) -> Verdict:
-    """Compile and prove, before serving: the canary runs every variant the relay launches
+    """Compile and prove, before serving: the canary runs every specialization the relay launches
     on ``device`` (``debug``: the relay's debug-mode launcher), so nothing is compiled or
     loaded while a server is serving."""
     return canary(device, debug=debug)

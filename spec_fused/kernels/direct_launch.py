@@ -5,7 +5,7 @@ launch metadata and passes the launch hooks on every call: about 6-13 µs of hos
 launch in Triton 3.5 (tritonbench PR #669), against about 3-6 µs for calling the compiled
 kernel's own ``run`` (PR #1017). The relay launches one tiny kernel per decode step, so
 that difference *is* its host cost. A :class:`BoundKernel` keeps ``(run, function,
-packed_metadata)`` of one compiled variant and calls
+packed_metadata)`` of one compiled specialization and calls
 ``run(gx, gy, gz, stream, function, packed_metadata, None, None, None, *args)``.
 
 SGLang 0.5.23 ships the same idea as a record/replay decorator
@@ -17,11 +17,11 @@ do not have it. Its guards are what this module borrows: hooks set -> normal pat
 ``torch.compiler.is_compiling()`` -> normal path, a launcher that does not take every
 parameter (constexprs included, Triton >= 3.3) -> normal path.
 
-Specialization must not change silently under a bound variant. The kernel that is bound
+Specialization must not change silently under a bound specialization. The kernel that is bound
 declares every integer argument ``do_not_specialize`` and every pointer that the caller
 supplies ``do_not_specialize_on_alignment``, so what Triton would specialize on per call
-reduces to the pointers' dtypes and the constexprs; the caller keys its bound variants on
-exactly those (see ``PublishGather``). Integers must also stay in int32 range, or Triton
+reduces to the pointers' dtypes and the constexprs; the caller keys its bound specializations on
+exactly those (see ``StepLauncher``). Integers must also stay in int32 range, or Triton
 would type them i64.
 """
 
@@ -45,7 +45,7 @@ except Exception:  # pragma: no cover - no Triton, or a vendor build without kno
     _knobs = None
     _HookChain = None
 
-__all__ = ["BoundKernel", "FastLaunch", "KNOWN_TRITON", "bind", "triton_version"]
+__all__ = ["BoundKernel", "DirectLaunch", "KNOWN_TRITON", "bind", "triton_version"]
 
 # The compiled-kernel calling convention read from Triton 3.6.0, 3.7.1, 3.8.0 and 3.9.0
 # (the releases that SGLang 0.5.15 ... 0.5.23's torch pins bring, plus the newest): one
@@ -83,7 +83,7 @@ def _unknown_triton() -> Optional[str]:
 
 
 class BoundKernel:
-    """One compiled variant: call ``run(gx, gy, gz, stream, function, metadata, None,
+    """One compiled specialization: call ``run(gx, gy, gz, stream, function, metadata, None,
     None, None, *args)`` with every kernel parameter in order."""
 
     __slots__ = ("run", "function", "metadata", "compiled")
@@ -120,7 +120,7 @@ def bind(compiled, n_args: int) -> tuple[Optional[BoundKernel], str]:
     return BoundKernel(run, function, metadata, compiled), ""
 
 
-class FastLaunch:
+class DirectLaunch:
     """Per-process conditions for the direct launch, checked in O(1) per step.
 
     ``ready()`` is False - and the caller takes ``kernel[grid](...)`` - while a launch

@@ -12,7 +12,7 @@ host mirror is ``n + 1`` values stored straight into pinned memory by the same p
 Layout follows SGLang's ``gather_spec_extras``: the kernel, its one-call wrapper
 (:func:`publish_gather`), a torch reference with the same semantics, and the custom op
 that lets ``torch.compile`` trace it. The per-step launcher the relay uses is
-``step_launcher.PublishGather``; input checks and errors are ``checks``; which backend
+``step_launcher.StepLauncher``; input checks and errors are ``checks``; which backend
 runs where is ``backend`` (which needs nothing of this module).
 """
 
@@ -39,7 +39,7 @@ __all__ = ["BLOCK", "PublishGatherResult", "publish_gather", "publish_gather_ref
 
 # One program, one block shape: a decode batch up to BLOCK lengths takes one loop
 # iteration; larger ones loop inside the same program, which is still one launch. A single
-# BLOCK keeps the compiled variants few, so none is compiled while serving.
+# BLOCK keeps the compiled specializations few, so none is compiled while serving.
 BLOCK = 1024
 NUM_WARPS = 4
 
@@ -63,12 +63,12 @@ class PublishGatherResult:
 
 if triton is not None:
 
-    # Nothing but the pointers' dtypes and the constexprs may pick the compiled variant:
+    # Nothing but the pointers' dtypes and the constexprs may pick the compiled specialization:
     # lengths and the stamp change every step (specializing on them would recompile),
     # and the caller's index/value tensors may be views at any offset. So every integer
     # is excluded from value specialization and every pointer but the relay buffer from
-    # alignment specialization, which is what lets PublishGather bind one compiled
-    # variant per dtype combination and launch it directly (direct_launch.py).
+    # alignment specialization, which is what lets StepLauncher bind one compiled
+    # specialization per dtype combination and launch it directly (direct_launch.py).
     @triton.jit(
         do_not_specialize=["pub_idx_stride", "pub_val_stride", "m", "gat_idx_stride", "n",
                            "stamp", "stamp_offset"],

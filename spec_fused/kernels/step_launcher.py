@@ -3,7 +3,7 @@ as the launch itself costs.
 
 Why a stateful launcher: the relay makes one tiny launch per step, so everything Python
 does around it *is* its cost. This binds everything fixed per relay buffer once (the
-backend, the compiled variants, ``out_sum``, the host ring, the staging buffer) and makes
+backend, the compiled specializations, ``out_sum``, the host ring, the staging buffer) and makes
 each step an O(1) guard plus one launch. Input checks and errors are ``checks``; the host
 mirror is ``host_ring``; the direct launch of a compiled kernel is ``direct_launch``.
 """
@@ -26,7 +26,7 @@ from spec_fused.kernels.checks import (
 from spec_fused.kernels.host_ring import HostRing, write_host_row
 from spec_fused.kernels.publish_gather import kernel_args
 
-__all__ = ["PublishGather"]
+__all__ = ["StepLauncher"]
 
 
 def _check_buffer(buf) -> None:
@@ -37,7 +37,7 @@ _UNSEEN = object()
 _LEAN_INDEX = (torch.int32, torch.int64)
 
 
-class PublishGather:
+class StepLauncher:
     """The relay's launcher: bound once to one relay buffer, one step per call.
 
     Two entry points. :meth:`launch` is the per-step path the relay takes in release
@@ -78,7 +78,7 @@ class PublishGather:
         self.out_sum = torch.zeros((), dtype=torch.int64, device=buf.device)
         self.ring: Optional[HostRing] = None
         # Bound for the per-step path, which reaches them only where they are set (a
-        # host step has a ring; a bound variant has a FastLaunch): typed as such.
+        # host step has a ring; a bound specialization has a DirectLaunch): typed as such.
         self._ring_rows: Any = None  # ring.rows
         self._stamp_offset = 0
         self._flag: Optional[torch.Tensor] = None
@@ -95,8 +95,8 @@ class PublishGather:
         self._staging: Optional[torch.Tensor] = None
         self.step = 0
         self.launches = 0  # device launches made (kernel or reference), for counters/tests
-        self._variants: dict = {}
-        self._fast: Any = None  # FastLaunch on compiled Triton, else None
+        self._seen: dict = {}
+        self._direct: Any = None  # DirectLaunch on compiled Triton, else None
         self._last_dtypes: Any = None
         self._last_host: Any = None
         self._last_bound: Any = None
@@ -118,16 +118,16 @@ class PublishGather:
         if name not in BACKENDS:
             raise ValueError(f"unknown backend {name!r}; one of {BACKENDS}")
         self._backend = name
-        self._variants = {}
+        self._seen = {}
         self._last_dtypes = self._last_host = self._last_bound = None
-        self._fast = None
+        self._direct = None
         if name == "triton" and self._on_cuda:
-            from spec_fused.kernels.direct_launch import FastLaunch
+            from spec_fused.kernels.direct_launch import DirectLaunch
 
-            self._fast = FastLaunch(self._device_index, kernel._publish_gather_kernel)
+            self._direct = DirectLaunch(self._device_index, kernel._publish_gather_kernel)
             proven = verdict_for(self.buf.device)
             if proven is not None and not proven.direct and proven.downgraded:
-                self._fast.block(f"start-up canary: {proven.notes[0]}")
+                self._direct.block(f"start-up canary: {proven.notes[0]}")
         self._null = name == "null"
         self._impl = kernel._reference_impl if name == "reference" else kernel._launch
         self.launch = self._launch_reference if name == "reference" else self._launch_kernel
@@ -141,25 +141,25 @@ class PublishGather:
     def uses_direct_launch(self) -> bool:
         """Whether this launcher may take the direct launch at all (compiled Triton, not
         blocked); :meth:`launches_directly` says whether one step would."""
-        return self._fast is not None and self._fast.blocked is None
+        return self._direct is not None and self._direct.blocked is None
 
     def block_direct_launch(self, why: str) -> None:
         """No direct launch from this launcher from now on (the reason is logged once)."""
-        if self._fast is not None:
-            self._fast.block(why)
+        if self._direct is not None:
+            self._direct.block(why)
 
-    def has_variant(self, gi, pi, pv, host: bool) -> bool:
-        """Whether these inputs' variant was launched (so compiled) by this launcher
+    def has_launched(self, gi, pi, pv, host: bool) -> bool:
+        """Whether these inputs' specialization was launched (so compiled) by this launcher
         before: a step of them needs no check and no compile (e.g. under graph capture)."""
-        return self._variant(gi, pi, pv, host) is not _UNSEEN
+        return self._guard(gi, pi, pv, host) is not _UNSEEN
 
     def launches_directly(self, gi, pi, pv, host: bool) -> bool:
         """Whether :meth:`launch` of these inputs would take the direct launch now (a
-        bound variant, and no launch hook, pre-run hook, compile or device switch in the
+        bound specialization, and no launch hook, pre-run hook, compile or device switch in the
         way): what the canary proves it ran, not what it was allowed to run."""
-        if self._fast is None or not self._fast.ready():
+        if self._direct is None or not self._direct.ready():
             return False
-        bound = self._variant(gi, pi, pv, host)
+        bound = self._guard(gi, pi, pv, host)
         return bound is not _UNSEEN and bound is not None
 
     def ensure_host_ring(self) -> HostRing:
@@ -186,8 +186,8 @@ class PublishGather:
 
     # ------------------------------------------------------------------ per step
 
-    def _variant(self, gi, pi, pv, host: bool):
-        """The O(1) guard: the bound variant for these inputs, or ``_UNSEEN``.
+    def _guard(self, gi, pi, pv, host: bool):
+        """The O(1) guard: the bound specialization for these inputs, or ``_UNSEEN``.
 
         Accepted: each input 1-D and on the buffer's device (gather indices may also be
         the launcher's own staged pinned copy), values as long as indices, and a dtype
@@ -203,27 +203,27 @@ class PublishGather:
         if pi is None:
             if not (on_device and gi.dim() == 1):
                 return _UNSEEN
-            return self._variants.get((gi.dtype, host), _UNSEEN)
+            return self._seen.get((gi.dtype, host), _UNSEEN)
         if not (on_device and gi.dim() == 1 and pi.dim() == 1 and pv.dim() == 1
                 and pv.numel() == pi.numel()):
             return _UNSEEN
         dtypes = gi.dtype, pi.dtype, pv.dtype
         if dtypes == self._last_dtypes and host is self._last_host:
             return self._last_bound
-        bound = self._variants.get((*dtypes, host), _UNSEEN)
+        bound = self._seen.get((*dtypes, host), _UNSEEN)
         if bound is not _UNSEEN:
             self._last_dtypes, self._last_host, self._last_bound = dtypes, host, bound
         elif not pi.shape[0]:
             # An empty publish is launched as no publish and filed so by the checked
             # path: look it up there, or every such step would take the full check.
-            return self._variants.get((gi.dtype, host), _UNSEEN)
+            return self._seen.get((gi.dtype, host), _UNSEEN)
         return bound
 
     def _launch_kernel(self, gi, pi, pv, host: bool) -> torch.Tensor:
         """Release-mode step on the Triton kernel (compiled or interpreted), or on the
         null backend (the same path; ``_run_impl`` leaves the launch out). Returns the
         lengths."""
-        bound = self._variant(gi, pi, pv, host)
+        bound = self._guard(gi, pi, pv, host)
         n = gi.numel()
         if bound is _UNSEEN or (host and n > self.max_batch):
             return self.launch_checked(gi, pi, pv, host)
@@ -233,7 +233,7 @@ class PublishGather:
         out = self._new(n) if n else self.empty_out
         stamp = self.stamp = self.step & HostRing.STAMP_MASK
         self.step += 1
-        fast = self._fast  # None for the null backend: _run_impl leaves the launch out
+        fast = self._direct  # None for the null backend: _run_impl leaves the launch out
         if bound is not None and fast.ready():
             self.launches += 1
             bound.run(1, 1, 1, fast.raw_stream(self._device_index), bound.function,
@@ -250,7 +250,7 @@ class PublishGather:
     def _launch_reference(self, gi, pi, pv, host: bool) -> torch.Tensor:
         """Release-mode step in plain torch: the ops upstream's own relay makes, behind
         the same O(1) guard as the kernel's."""
-        if self._variant(gi, pi, pv, host) is _UNSEEN or (host and gi.numel() > self.max_batch):
+        if self._guard(gi, pi, pv, host) is _UNSEEN or (host and gi.numel() > self.max_batch):
             return self.launch_checked(gi, pi, pv, host)
         if not gi.numel() and (pi is None or not pi.numel()):  # DP-idle: nothing to launch
             return self._idle(host)
@@ -296,9 +296,9 @@ class PublishGather:
         stamp = self.stamp = self.step & HostRing.STAMP_MASK
         self.step += 1
         compiled = self._run_impl(gi, pi, pv, out, host, stamp)
-        if key not in self._variants and gi.dtype in _LEAN_INDEX \
+        if key not in self._seen and gi.dtype in _LEAN_INDEX \
                 and (len(key) == 2 or (key[1] in _LEAN_INDEX and key[2] in _LEAN_INDEX)):
-            self._variants[key] = self._bind(compiled)
+            self._seen[key] = self._bind(compiled)
         if self.poison and not self._on_cuda:
             raise_if_flagged(self._flag)
         return out
@@ -316,13 +316,13 @@ class PublishGather:
         return self.empty_out
 
     def _bind(self, compiled):
-        if self._fast is None or self._fast.blocked or compiled is None:
+        if self._direct is None or self._direct.blocked or compiled is None:
             return None
         from spec_fused.kernels.direct_launch import bind
 
         bound, why = bind(compiled, len(kernel._publish_gather_kernel.arg_names))
         if bound is None:
-            self._fast.block(why)
+            self._direct.block(why)
         return bound
 
     def _run_impl(self, gi, pi, pv, out, host, stamp):
@@ -337,7 +337,7 @@ class PublishGather:
         self.launches += 1
         args = (self.buf, gi, pi, pv, out, self.out_sum, row, self._flag, self.poison,
                 row_stamp, stamp_offset)
-        if self._fast is not None and self._fast.on_other_device():
+        if self._direct is not None and self._direct.on_other_device():
             # Triton's normal launch goes to the *current* device: switch to the buffer's.
             with torch.cuda.device(self.buf.device):
                 return self._impl(*args)

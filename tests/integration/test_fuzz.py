@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference
-from spec_fused.kernels.step_launcher import PublishGather
+from spec_fused.kernels.step_launcher import StepLauncher
 from spec_fused.tools.traces import TraceConfig, decode_batch, unpatched_then_patched
 
 DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
@@ -162,7 +162,7 @@ def test_stateful_launcher_host_rows_fuzz(slots, max_batch, seed):
     vals = [r.randrange(1000) for _ in pub]
     want = buf.clone()
     want[torch.tensor(pub, dtype=torch.int64)] = torch.tensor(vals, dtype=torch.int64)
-    pg = PublishGather(buf, max_batch=max_batch)
+    pg = StepLauncher(buf, max_batch=max_batch)
     gi = torch.tensor(slots, dtype=torch.int64)
     try:
         pg.launch_checked(gi, torch.tensor(pub, dtype=torch.int64),

@@ -35,7 +35,7 @@ def test_a_sound_launcher_passes_every_case_through_the_direct_launch():
     verdict, compiled = _canary()
     assert verdict.backend == "interpreter" and verdict.direct and not verdict.downgraded
     assert verdict.cases == 2 * len(canary_mod.CASES)
-    assert len(compiled.calls) == len(canary_mod.CASES)  # every lean launch was direct
+    assert len(compiled.calls) == len(canary_mod.CASES)  # every per-step launch was direct
     assert "match the torch reference" in verdict.describe()
 
 
@@ -157,7 +157,7 @@ def test_the_verdict_says_direct_only_for_launches_that_went_direct():
 
     def hooked(buf, backend):
         launcher = bound_launcher(buf, compiled, backend)
-        launcher._fast.ready = lambda: False  # as FastLaunch.ready() with a hook set
+        launcher._direct.ready = lambda: False  # as DirectLaunch.ready() with a hook set
         return launcher
 
     verdict = canary_mod.canary("cpu", make_launcher=hooked)

@@ -3,7 +3,7 @@ the per-step launcher's O(1) guard around it.
 
 A CPU has no compiled kernel to bind, so the compiled kernel is stood in for by an object
 with Triton's calling convention whose ``run`` executes the very same kernel in the Triton
-interpreter with the arguments it was handed: if PublishGather packed them in the wrong
+interpreter with the arguments it was handed: if StepLauncher packed them in the wrong
 order, or passed the wrong pointer, the lengths would come out wrong."""
 
 import logging
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from support.fake_triton import N_ARGS, FakeCompiled, ReadyFast
+from support.fake_triton import N_ARGS, FakeCompiled, ReadyDirect
 from support.fake_triton import bound_launcher as _bound_launcher
 
 from spec_fused import log
@@ -60,7 +60,7 @@ def test_bad_input_on_the_lean_path_gets_the_checked_paths_error(bad, error, mat
     if backend == "interpreter":
         launcher = _bound_launcher(buf, FakeCompiled())
     else:
-        launcher = step_launcher.PublishGather(buf, backend="reference")
+        launcher = step_launcher.StepLauncher(buf, backend="reference")
     idx = torch.tensor([1, 2, 3])
     launcher.launch(idx, idx, idx.clone(), False)
     before = buf.clone()
@@ -89,8 +89,8 @@ def test_bind_refuses_an_unknown_triton(monkeypatch):
     assert launcher_mod.bind(FakeCompiled(), N_ARGS)[0] is None
 
 
-def _fast(monkeypatch, device=0, kernel=None):
-    fast = launcher_mod.FastLaunch(0, kernel)
+def _direct(monkeypatch, device=0, kernel=None):
+    fast = launcher_mod.DirectLaunch(0, kernel)
     # A CPU torch has no CUDA accessors; stand them in, keep the real hook knobs.
     fast.blocked = None
     fast._runtime = launcher_mod._knobs.runtime
@@ -104,7 +104,7 @@ def test_fast_launch_is_ready_with_no_hooks_and_not_otherwise(monkeypatch, caplo
     from triton import knobs
 
     log.reset()
-    fast = _fast(monkeypatch)
+    fast = _direct(monkeypatch)
     assert fast.ready()
     chain = knobs.runtime.launch_enter_hook
     hook = lambda *a, **k: None  # noqa: E731 - a profiler's launch hook
@@ -122,15 +122,15 @@ def test_fast_launch_is_ready_with_no_hooks_and_not_otherwise(monkeypatch, caplo
 
 
 def test_fast_launch_steps_aside_while_compiling_and_on_another_device(monkeypatch):
-    fast = _fast(monkeypatch)
+    fast = _direct(monkeypatch)
     monkeypatch.setattr(fast, "_is_compiling", lambda: True)
     assert not fast.ready()
-    assert not _fast(monkeypatch, device=1).ready()
+    assert not _direct(monkeypatch, device=1).ready()
 
 
 def test_fast_launch_is_blocked_for_an_unknown_triton(monkeypatch):
     monkeypatch.setattr(launcher_mod, "triton_version", lambda: (4, 0))
-    fast = launcher_mod.FastLaunch(0)
+    fast = launcher_mod.DirectLaunch(0)
     assert fast.blocked and not fast.ready()
 
 
@@ -139,7 +139,7 @@ def test_a_launcher_whose_bound_path_is_not_ready_launches_normally(kernel_launc
     buf = torch.zeros(32, dtype=torch.int64)
     compiled = FakeCompiled()
     launcher = _bound_launcher(buf, compiled)
-    launcher._fast.ready = lambda: False
+    launcher._direct.ready = lambda: False
     idx = torch.tensor([4, 5])
     for step in range(3):
         out = launcher.launch(idx, idx, idx + step, False)
@@ -153,7 +153,7 @@ def test_stamps_wrap_below_int32_and_still_name_their_launch():
     from spec_fused.kernels.host_ring import HostRing
 
     buf = torch.arange(8, dtype=torch.int64)
-    launcher = step_launcher.PublishGather(buf, backend="interpreter")
+    launcher = step_launcher.StepLauncher(buf, backend="interpreter")
     launcher.step = HostRing.STAMP_MASK - 1
     stamps = []
     for k in range(4):
@@ -174,18 +174,18 @@ def test_an_empty_publish_does_not_stand_in_for_real_publish_pointers():
     gi = torch.tensor([1, 2])
     empty = torch.empty(0, dtype=torch.int32)
     launcher.launch(gi, empty, empty, False)
-    assert (torch.int64, torch.int32, torch.int32, False) not in launcher._variants
+    assert (torch.int64, torch.int32, torch.int32, False) not in launcher._seen
     out = launcher.launch(gi, torch.tensor([2], dtype=torch.int32),
                           torch.tensor([7], dtype=torch.int32), False)
     assert out.tolist() == [0, 7]
-    assert (torch.int64, torch.int32, torch.int32, False) in launcher._variants
+    assert (torch.int64, torch.int32, torch.int32, False) in launcher._seen
 
 
 def test_a_pre_run_hook_added_after_binding_sends_launches_the_normal_way(monkeypatch):
     """Read live: Triton's ``add_pre_run_hook`` appends to the kernel's own list later."""
     hooks = []
     fake_kernel = SimpleNamespace(pre_run_hooks=hooks)
-    fast = _fast(monkeypatch, kernel=fake_kernel)
+    fast = _direct(monkeypatch, kernel=fake_kernel)
     assert fast.ready()
     hooks.append(lambda *a, **k: None)
     assert not fast.ready()
@@ -196,7 +196,7 @@ def test_a_pre_run_hook_added_after_binding_sends_launches_the_normal_way(monkey
 def test_a_normal_launch_from_another_current_device_runs_on_the_buffers(monkeypatch):
     """Triton's normal launch goes to the current device: switch to the buffer's first."""
     buf = torch.zeros(16, dtype=torch.int64)
-    launcher = step_launcher.PublishGather(buf, backend="interpreter")
+    launcher = step_launcher.StepLauncher(buf, backend="interpreter")
     entered = []
 
     class Device:
@@ -209,8 +209,8 @@ def test_a_normal_launch_from_another_current_device_runs_on_the_buffers(monkeyp
         def __exit__(self, *exc):
             return False
 
-    launcher._fast = ReadyFast()
-    launcher._fast.on_other_device = lambda: True
+    launcher._direct = ReadyDirect()
+    launcher._direct.on_other_device = lambda: True
     monkeypatch.setattr(torch.cuda, "device", Device)
     out = launcher.launch_checked(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([5]),
                                   False)

@@ -21,7 +21,7 @@ from spec_fused.kernels import host_ring as host_ring_mod
 from spec_fused.kernels.checks import StaleHostMirrorError
 from spec_fused.kernels.host_ring import HostRing, write_host_row
 from spec_fused.kernels.publish_gather import publish_gather_reference
-from spec_fused.kernels.step_launcher import PublishGather
+from spec_fused.kernels.step_launcher import StepLauncher
 
 
 @pytest.mark.parametrize("max_batch, width", [(1, 4), (2, 4), (3, 6), (4, 6), (7, 10), (8, 10)])
@@ -182,7 +182,7 @@ def test_a_read_returns_that_launchs_lengths_or_refuses_once_reused(backend, poo
     g = torch.Generator().manual_seed(pool)
     buf = torch.randint(0, 1000, (pool,), generator=g)
     mirror = buf.clone()
-    pg = PublishGather(buf, max_batch=64, backend=backend)
+    pg = StepLauncher(buf, max_batch=64, backend=backend)
     launched = []  # (stamp, n, lens, sum)
     for op, seed in ops:
         r = random.Random(seed)
@@ -203,7 +203,7 @@ def test_a_read_returns_that_launchs_lengths_or_refuses_once_reused(backend, poo
 def test_the_previous_launch_is_still_readable_after_the_next_one():
     """What the second row is for: the next launch is enqueued while the host still
     reads the previous one's lengths."""
-    pg = PublishGather(torch.arange(10, dtype=torch.int64), backend="interpreter")
+    pg = StepLauncher(torch.arange(10, dtype=torch.int64), backend="interpreter")
     pg.launch_checked(torch.tensor([1, 2]), None, None, True)
     first = pg.stamp
     pg.launch_checked(torch.tensor([5, 6, 7]), torch.tensor([5]), torch.tensor([99]), True)
@@ -214,7 +214,7 @@ def test_the_previous_launch_is_still_readable_after_the_next_one():
 
 
 def test_lengths_read_are_owned_by_the_caller():
-    pg = PublishGather(torch.arange(10, dtype=torch.int64), backend="interpreter")
+    pg = StepLauncher(torch.arange(10, dtype=torch.int64), backend="interpreter")
     pg.launch_checked(torch.tensor([1, 2]), None, None, True)
     lens, total = pg.read_row(pg.stamp, 2)
     for _ in range(3):  # later launches reuse the ring; the copy handed out stays put

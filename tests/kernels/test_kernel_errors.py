@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference
-from spec_fused.kernels.step_launcher import PublishGather
+from spec_fused.kernels.step_launcher import StepLauncher
 
 I64, I32 = torch.int64, torch.int32
 
@@ -92,13 +92,13 @@ def test_bad_input_is_refused_before_anything_is_written(fn, case, build, exc, f
 
 def test_stateful_launcher_refuses_bad_input_and_oversize_batches(kernel_launches):
     buf = _buf()
-    pg = PublishGather(buf, max_batch=4)
+    pg = StepLauncher(buf, max_batch=4)
     with pytest.raises(ValueError, match="more than max_batch=4"):
         pg.launch_checked(idx(1, 2, 3, 4, 5), None, None, True)
     with pytest.raises(ValueError, match="publish_indices has duplicate slot 2"):
         pg.launch_checked(idx(1), idx(2, 2), idx(1, 1), False)
     with pytest.raises(TypeError, match="buf must be int64"):
-        PublishGather(buf.int())
+        StepLauncher(buf.int())
     assert torch.equal(buf, _buf()) and kernel_launches.count == 0
 
 

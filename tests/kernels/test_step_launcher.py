@@ -1,4 +1,4 @@
-"""The per-step launcher (``PublishGather``): host reads, one full check then the lean
+"""The per-step launcher (``StepLauncher``): host reads, one full check then the per-step
 path, DP-idle steps, the null backend, staged host indices, binding the direct launch,
 and what it binds on CUDA.
 
@@ -9,12 +9,12 @@ then remembers, ``launches`` counting device launches, DP-idle steps launching n
 
 import pytest
 import torch
-from support.fake_triton import FakeCompiled, ReadyFast, bound_launcher
+from support.fake_triton import FakeCompiled, ReadyDirect, bound_launcher
 
 from spec_fused.kernels import checks, step_launcher
 from spec_fused.kernels.checks import InputError, StaleHostMirrorError
 from spec_fused.kernels.publish_gather import publish_gather_reference
-from spec_fused.kernels.step_launcher import PublishGather
+from spec_fused.kernels.step_launcher import StepLauncher
 
 BACKENDS = ["interpreter", "reference"]
 
@@ -42,7 +42,7 @@ def _buf(pool=16):
 
 
 def test_a_release_launcher_waits_once_for_a_row_not_yet_stamped():
-    pg = PublishGather(_buf(), backend="reference")
+    pg = StepLauncher(_buf(), backend="reference")
     pg.launch_checked(torch.tensor([1, 2]), None, None, True)
     stamp = pg.stamp
     pg.ring.np[stamp & 1, -1] = -5  # as a launch not yet complete would leave it
@@ -58,7 +58,7 @@ def test_a_release_launcher_waits_once_for_a_row_not_yet_stamped():
 
 @pytest.mark.parametrize("debug", [True, False])
 def test_a_debug_launcher_never_waits_again(debug):
-    pg = PublishGather(_buf(), backend="reference", debug=debug)
+    pg = StepLauncher(_buf(), backend="reference", debug=debug)
     pg.launch_checked(torch.tensor([1, 2]), None, None, True)
     pg.ring.np[pg.stamp & 1, -1] = -5
     waits = []
@@ -73,11 +73,11 @@ def test_a_debug_launcher_never_waits_again(debug):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("host", [False, True])
 def test_one_full_check_then_none_whatever_the_batch_size(validations, backend, host):
-    """``max_batch`` bounds host rows only; a full batch (``n == max_batch``) is as lean
+    """``max_batch`` bounds host rows only; a full batch (``n == max_batch``) takes the per-step path as
     as any other, and without a host row ``n`` may exceed it."""
     buf = _buf(32)
     ref = buf.clone()
-    pg = PublishGather(buf, max_batch=4, backend=backend)
+    pg = StepLauncher(buf, max_batch=4, backend=backend)
     sizes = [4, 4, 2, 4] if host else [4, 9, 2, 12]
     for step, n in enumerate(sizes):
         gi = torch.arange(n) * 2
@@ -108,16 +108,16 @@ def test_one_full_check_then_none_through_the_direct_launch(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("pi_dtype, pv_dtype, lean", [
+@pytest.mark.parametrize("pi_dtype, pv_dtype, per_step", [
     (torch.int64, torch.int64, True), (torch.int32, torch.int32, True),
     (torch.int32, torch.int64, True), (torch.int64, torch.int32, True),
     (torch.int64, torch.int16, False), (torch.int32, torch.int8, False),
 ])
 def test_only_int32_and_int64_combinations_take_the_lean_path(validations, backend, pi_dtype,
-                                                              pv_dtype, lean):
+                                                              pv_dtype, per_step):
     buf = _buf()
     ref = buf.clone()
-    pg = PublishGather(buf, backend=backend)
+    pg = StepLauncher(buf, backend=backend)
     for step in range(3):
         gi = torch.tensor([1, 3, 5])
         pi = torch.tensor([3, step + 6], dtype=pi_dtype)
@@ -125,14 +125,14 @@ def test_only_int32_and_int64_combinations_take_the_lean_path(validations, backe
         want = publish_gather_reference(ref, gi, pi, pv)
         assert pg.launch(gi, pi, pv, False).tolist() == want.seq_lens.tolist()
     assert torch.equal(buf, ref)
-    assert validations[id(buf)] == 1 + (1 if lean else 3)
+    assert validations[id(buf)] == 1 + (1 if per_step else 3)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("which", ["publish_indices", "publish_values"])
 def test_a_publish_off_the_buffers_device_takes_the_full_check(backend, which):
     buf = _buf()
-    pg = PublishGather(buf, backend=backend)
+    pg = StepLauncher(buf, backend=backend)
     idx = torch.tensor([1, 2, 3])
     pg.launch(idx, idx, idx + 50, False)
     before = buf.clone()
@@ -151,7 +151,7 @@ def test_a_publish_off_the_buffers_device_takes_the_full_check(backend, which):
 
 @pytest.mark.parametrize("backend", BACKENDS + ["null"])
 def test_a_dp_idle_step_launches_nothing_and_reads_back_empty(backend):
-    pg = PublishGather(_buf(), backend=backend)
+    pg = StepLauncher(_buf(), backend=backend)
     empty = torch.empty(0, dtype=torch.int64)
     for launch in (pg.launch_checked, pg.launch):
         out = launch(empty, None, None, True)
@@ -160,7 +160,7 @@ def test_a_dp_idle_step_launches_nothing_and_reads_back_empty(backend):
         lens, total = pg.read_row(pg.stamp, 0)
         assert (lens.tolist(), total) == ([], 0)
     # and in the steady state (the host combination already launched once); the
-    # reference's lean step makes its (empty) torch ops all the same
+    # reference's per-step path makes its (empty) torch ops all the same
     pg.launch(torch.tensor([1, 2]), None, None, True)
     launches = pg.launches
     out = pg.launch(empty, None, None, True)
@@ -171,7 +171,7 @@ def test_a_dp_idle_step_launches_nothing_and_reads_back_empty(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_each_launch_counts_once_and_has_its_own_stamp(backend):
-    pg = PublishGather(_buf(), backend=backend)
+    pg = StepLauncher(_buf(), backend=backend)
     stamps = []
     for step in range(4):
         pg.launch(torch.tensor([step]), None, None, True)
@@ -186,7 +186,7 @@ def test_each_launch_counts_once_and_has_its_own_stamp(backend):
 def test_the_null_backend_does_no_device_work_but_keeps_the_rows_stamps():
     buf = _buf()
     before = buf.clone()
-    pg = PublishGather(buf, backend="null")
+    pg = StepLauncher(buf, backend="null")
     pg.launch_checked(torch.tensor([1]), torch.tensor([1]), torch.tensor([7]), True)
     first = pg.stamp
     pg.launch(torch.tensor([2]), None, None, False)
@@ -200,7 +200,7 @@ def test_the_null_backend_does_no_device_work_but_keeps_the_rows_stamps():
 
 def test_staged_host_indices_are_an_int64_copy_the_launch_gathers_through():
     buf = _buf()
-    pg = PublishGather(buf, max_batch=4, backend="interpreter")
+    pg = StepLauncher(buf, max_batch=4, backend="interpreter")
     host = torch.tensor([5, 1, 2], dtype=torch.int32)
     view = pg.stage_host_indices(host)
     assert view is pg.staged and view.dtype == torch.int64 and view.tolist() == [5, 1, 2]
@@ -214,10 +214,10 @@ def test_staged_host_indices_are_an_int64_copy_the_launch_gathers_through():
 
 
 def test_binding_a_compiled_kernel_takes_every_parameter():
-    pg = PublishGather(_buf(), backend="interpreter")
-    pg._fast = ReadyFast()
+    pg = StepLauncher(_buf(), backend="interpreter")
+    pg._direct = ReadyDirect()
     bound = pg._bind(FakeCompiled())
-    assert bound is not None and pg._fast.blocked is None
+    assert bound is not None and pg._direct.blocked is None
 
 
 def test_the_bound_launch_writes_the_stamp_at_the_rows_end():
@@ -237,7 +237,7 @@ def test_the_bound_launch_writes_the_stamp_at_the_rows_end():
 def test_sums_beyond_float_precision_are_exact(backend):
     buf = torch.tensor([2**40 + 1, 2**41 + 3, 5, 2**53 - 1], dtype=torch.int64)
     ref = buf.clone()
-    pg = PublishGather(buf, backend=backend)
+    pg = StepLauncher(buf, backend=backend)
     gi = torch.tensor([0, 1, 2])
     want = publish_gather_reference(ref, gi)
     for launch in (pg.launch_checked, pg.launch):
@@ -253,7 +253,7 @@ def test_sums_beyond_float_precision_are_exact(backend):
 # stand in for the CUDA-only pieces, to read what the launcher binds there.
 
 
-class _FastLaunch:
+class _DirectLaunch:
     def __init__(self, device_index, kernel=None):
         self.device_index, self.blocked = device_index, None
 
@@ -278,15 +278,15 @@ def test_compiled_triton_binds_a_direct_launch_unless_the_canary_disproved_it(mo
     from spec_fused.kernels import backend as backend_mod
     from spec_fused.kernels import direct_launch
 
-    monkeypatch.setattr(direct_launch, "FastLaunch", _FastLaunch)
+    monkeypatch.setattr(direct_launch, "DirectLaunch", _DirectLaunch)
     proven = None if verdict is None else backend_mod.Verdict("cuda:0", "triton", **verdict)
     monkeypatch.setattr(step_launcher, "verdict_for", lambda device: proven)
-    pg = _pretend_cuda(PublishGather(_buf(), backend="reference"), device_index=3)
+    pg = _pretend_cuda(StepLauncher(_buf(), backend="reference"), device_index=3)
     pg.backend = "triton"
-    assert isinstance(pg._fast, _FastLaunch) and pg._fast.device_index == 3
-    assert pg._fast.blocked == blocked
+    assert isinstance(pg._direct, _DirectLaunch) and pg._direct.device_index == 3
+    assert pg._direct.blocked == blocked
     pg.backend = "reference"
-    assert pg._fast is None
+    assert pg._direct is None
 
 
 def test_the_host_ring_is_pinned_exactly_on_cuda(monkeypatch):
@@ -300,8 +300,8 @@ def test_the_host_ring_is_pinned_exactly_on_cuda(monkeypatch):
         return real(max_batch, pinned=False)
 
     monkeypatch.setattr(mod, "HostRing", ring)
-    PublishGather(_buf(), backend="reference").ensure_host_ring()
-    _pretend_cuda(PublishGather(_buf(), backend="reference")).ensure_host_ring()
+    StepLauncher(_buf(), backend="reference").ensure_host_ring()
+    _pretend_cuda(StepLauncher(_buf(), backend="reference")).ensure_host_ring()
     assert pinned == [False, True]
 
 
@@ -309,17 +309,17 @@ def test_on_cuda_the_guard_accepts_device_inputs_and_the_staged_copy_only():
     """Gather indices on the buffer's device, or the launcher's own staged pinned copy;
     publish indices and values on the buffer's device. A CPU tensor is on device -1, so
     with the buffer pretended on device 0, CPU inputs stand for inputs on another device."""
-    pg = PublishGather(_buf(), backend="reference")
+    pg = StepLauncher(_buf(), backend="reference")
     staged = pg.stage_host_indices(torch.tensor([1, 2]))  # (pinned on a real CUDA buffer)
     _pretend_cuda(pg, device_index=0)
     elsewhere = torch.tensor([1, 2])
-    pg._variants[(torch.int64, False)] = "lean"
-    pg._variants[(torch.int64, torch.int64, torch.int64, False)] = "lean publish"
-    assert pg._variant(staged, None, None, False) == "lean"
-    assert pg._variant(elsewhere, None, None, False) is _unseen()
-    assert pg._variant(staged, elsewhere, elsewhere, False) is _unseen()
+    pg._seen[(torch.int64, False)] = "per-step"
+    pg._seen[(torch.int64, torch.int64, torch.int64, False)] = "per-step publish"
+    assert pg._guard(staged, None, None, False) == "per-step"
+    assert pg._guard(elsewhere, None, None, False) is _unseen()
+    assert pg._guard(staged, elsewhere, elsewhere, False) is _unseen()
     pg._device_index = -1  # every CPU tensor is now "on the buffer's device"
-    assert pg._variant(elsewhere, elsewhere, elsewhere, False) == "lean publish"
+    assert pg._guard(elsewhere, elsewhere, elsewhere, False) == "per-step publish"
 
 
 def _unseen():
@@ -329,7 +329,7 @@ def _unseen():
 
 
 def test_the_reference_backend_never_runs_the_kernel(kernel_launches):
-    pg = PublishGather(_buf(), backend="reference")
+    pg = StepLauncher(_buf(), backend="reference")
     for launch in (pg.launch_checked, pg.launch, pg.launch):
         launch(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([7]), True)
     assert pg.launches == 3 and kernel_launches.count == 0
@@ -342,9 +342,9 @@ def test_the_reference_backend_never_runs_the_kernel(kernel_launches):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_in_the_steady_state_a_new_bad_combination_still_gets_the_full_check(backend):
     buf = _buf()
-    pg = PublishGather(buf, backend=backend)
+    pg = StepLauncher(buf, backend=backend)
     idx = torch.tensor([1, 2, 3])
-    for step in range(3):  # checked once, then lean: the steady state
+    for step in range(3):  # checked once, then the per-step path: the steady state
         pg.launch(idx, idx, idx + step, False)
     before = buf.clone()
     with pytest.raises(TypeError, match="publish_values must be an integer tensor"):
@@ -363,8 +363,8 @@ def test_the_bound_launch_poisons_what_it_gathered_in_debug_mode():
     from spec_fused.kernels.checks import PoisonedSlotError
 
     buf = _buf()
-    pg = PublishGather(buf, poison=True, backend="interpreter")
-    pg._fast = ReadyFast()
+    pg = StepLauncher(buf, poison=True, backend="interpreter")
+    pg._direct = ReadyDirect()
     compiled = FakeCompiled()
     bound, why = direct_launch.bind(compiled, N_ARGS)
     pg._bind = lambda _compiled: bound
@@ -381,7 +381,7 @@ def test_the_reference_step_gathers_through_staged_host_indices_on_cuda():
     """On CUDA the reference moves the staged pinned indices to the device first; here the
     buffer is only pretended on CUDA, so the move is to the CPU it already is on."""
     buf = _buf()
-    pg = PublishGather(buf, backend="reference")
+    pg = StepLauncher(buf, backend="reference")
     staged = pg.stage_host_indices(torch.tensor([4, 2]))
     pg.launch(staged, None, None, False)  # checked once
     _pretend_cuda(pg, device_index=-1)
@@ -393,7 +393,7 @@ def test_a_launcher_on_the_host_yields_the_sum_without_a_mirror(backend):
     """A CPU relay's lengths are host lengths already: ``host=True`` asks the same launch
     for their sum, and no ring is made or written - an idle step's sum is 0."""
     buf = torch.arange(32, dtype=torch.int64) * 3
-    pg = PublishGather(buf, backend=backend, mirror=False)
+    pg = StepLauncher(buf, backend=backend, mirror=False)
     for launch in (pg.launch_checked, pg.launch, pg.launch):
         out = launch(torch.tensor([2, 5, 9]), torch.tensor([5]), torch.tensor([100]), True)
         assert out.tolist() == [6, 100, 27] and int(pg.out_sum) == 133

@@ -13,7 +13,7 @@ import pytest
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.fake_cuda import CFG as SMALL
-from support.fake_cuda import EXACT, direct_relay, messages, warm_publish_variant
+from support.fake_cuda import EXACT, direct_relay, messages, warm_publish_launch
 
 from spec_fused import log
 from spec_fused import relay as relay_mod
@@ -45,9 +45,9 @@ def _patched_run(algo=EAGLE, cfg=CFG, before_trace=None):
 
 
 def _break_reference(monkeypatch, broken):
-    """Both reference paths fail: the checked one and the launcher's lean step."""
+    """Both reference paths fail: the checked one and the launcher's per-step path."""
     monkeypatch.setattr(pg, "_reference_impl", broken)
-    monkeypatch.setattr(step_launcher.PublishGather, "_launch_reference",
+    monkeypatch.setattr(step_launcher.StepLauncher, "_launch_reference",
                         lambda self, *args: broken())
 
 
@@ -339,19 +339,19 @@ def test_an_exact_resolve_whose_kernel_fails_gets_its_lengths_from_the_reference
 
 
 @pytest.mark.parametrize("on_cuda", [False, True])
-def test_a_flush_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog, on_cuda):
+def test_a_landing_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog, on_cuda):
     relay, fm, ops = direct_relay(EXACT, ops="fake" if on_cuda else None)
     relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
     _break_kernel(monkeypatch, relay)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        relay.flush()
+        relay.land_pending()
     assert relay.pending is None and fm.new_seq_lens_buf[1:3].tolist() == [10, 20]
     assert relay.launcher.backend == "reference" and messages(caplog) == [FALLING_BACK]
 
 
 def test_a_captured_publish_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog):
     relay, fm, ops = direct_relay(EXACT)
-    warm_publish_variant(relay, fm, ops)
+    warm_publish_launch(relay, fm, ops)
     # the kernel the warmed variant launches now fails (the reference is pg's own)
     monkeypatch.setattr(relay.launcher, "_impl",
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
@@ -369,7 +369,7 @@ def test_a_settled_int32_publish_lands_in_the_int64_buffer(caplog):
     relay, fm, ops = direct_relay(EXACT, ops=None)
     relay.pending = (torch.tensor([2, 5]), torch.tensor([21, 51], dtype=torch.int32))
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        relay.settle_pending()
+        relay.land_with_torch()
     assert relay.pending is None and not messages(caplog)
     assert fm.new_seq_lens_buf[[2, 5]].tolist() == [21, 51]
 
@@ -380,7 +380,7 @@ def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog):
         for bad in [(torch.tensor([99]), torch.tensor([1])), (torch.tensor([98]), torch.tensor([2])),
                     (torch.tensor([1]), "not a tensor")]:
             relay.pending = bad
-            relay.settle_pending()
+            relay.land_with_torch()
             assert relay.pending is None
     lines = messages(caplog)
     assert len(lines) == 2
@@ -402,18 +402,18 @@ def test_a_disabled_relay_is_kept_with_its_reason_and_sglang_serves():
     assert fm.__dict__["new_seq_lens_buf"][3] == 30
 
 
-def test_a_reader_whose_flush_fails_gets_the_buffer_and_the_relay_is_handed_back(monkeypatch):
+def test_a_reader_whose_landing_fails_gets_the_buffer_and_the_relay_is_handed_back(monkeypatch):
     fm = make_future_map("EAGLE", SMALL)
     relay = relay_mod.relay_for(fm)
     relay.pending = (torch.tensor([3]), torch.tensor([30]))
 
     def broken(fence=True):
-        raise RuntimeError("flush broke")
+        raise RuntimeError("landing broke")
 
-    monkeypatch.setattr(relay, "flush", broken)
+    monkeypatch.setattr(relay, "land_pending", broken)
     buf = sglang_patch.read_buffer(fm)
     assert buf is fm.__dict__["new_seq_lens_buf"] and buf[3] == 30
-    assert relay_mod.relay_for(fm) is None and relay.disabled_reason == "flush failed: flush broke"
+    assert relay_mod.relay_for(fm) is None and relay.disabled_reason == "landing a pending publish failed: landing broke"
 
 
 def test_a_future_map_without_the_buffer_has_no_such_attribute():

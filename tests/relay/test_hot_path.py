@@ -1,6 +1,6 @@
-"""The relay's per-step path on the real SGLang FutureMap: checked once, then lean.
+"""The relay's per-step path on the real SGLang FutureMap: checked once, then the per-step path.
 
-What "lean" must not cost: correctness (the trace tests hold it to upstream step for
+What the per-step path must not cost: correctness (the trace tests hold it to upstream step for
 step), clear errors (bad input still gets the checked path's message), result lifetime
 (a batch's lengths stay its own while later steps run), and the null measurement seam
 must stay a seam (gated, visible, never chosen by the ladder)."""

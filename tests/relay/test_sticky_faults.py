@@ -108,7 +108,7 @@ def test_a_sticky_fault_while_landing_a_pending_publish_escapes(monkeypatch, cud
 
 
 def test_a_sticky_fault_in_the_plain_torch_landing_escapes_instead_of_dropping(monkeypatch):
-    """``settle_pending`` drops a publish that is itself bad input; a dead context is no
+    """``land_with_torch`` drops a publish that is itself bad input; a dead context is no
     bad input."""
     fm = make_future_map("EAGLE", CFG)
     relay = relay_mod.FusedRelay(fm, relay_mod.future_map_caps(fm), debug=False)
@@ -122,7 +122,7 @@ def test_a_sticky_fault_in_the_plain_torch_landing_escapes_instead_of_dropping(m
 
     monkeypatch.setattr(relay.launcher, "buf", DeadBuffer())
     with pytest.raises(torch.AcceleratorError):
-        relay.settle_pending()
+        relay.land_with_torch()
     assert relay.pending is None
 
 

@@ -5,7 +5,7 @@ Every CUDA call the relay makes goes through one object (``cuda_ops.CudaOps``); 
 stand-in (``support.fake_cuda.FakeOps``) records the calls in order while the launches
 themselves run on CPU tensors (Triton interpreter), so the lengths are checked too.
 ``tests/test_gpu.py`` runs the same paths on real streams. In order: a patched FutureMap's
-resolve and publish, the flush of a pending publish, publishes under CUDA-graph capture,
+resolve and publish, the landing of a pending publish, publishes under CUDA-graph capture,
 and the private stream's draw (never one of SGLang's)."""
 
 import contextlib
@@ -21,7 +21,7 @@ from support.fake_cuda import (
     FakeStream,
     direct_relay,
     messages,
-    warm_publish_variant,
+    warm_publish_launch,
 )
 
 from spec_fused import log
@@ -109,7 +109,7 @@ def test_gpu_only_lengths_wait_on_the_device_and_launch_on_the_callers_stream(fa
     assert batch.seq_lens_cpu is None and batch.seq_lens_sum is None
 
 
-def test_a_mixed_chunk_flush_runs_on_the_private_stream_gated_on_the_publish(fake):
+def test_a_mixed_chunk_landing_runs_on_the_private_stream_gated_on_the_publish(fake):
     """A mixed batch (``spec_info=None``) lands the pending publish: on the private stream,
     behind ``publish_ready`` only, which is re-recorded there - not on the schedule stream,
     which sits behind the WAR barrier, so SGLang's mixed-tail resolve (which blocks the
@@ -146,10 +146,10 @@ def test_a_second_publish_orders_the_forward_behind_the_landed_first(fake):
     assert batch.seq_lens.tolist() == [10, 21, 30]
 
 
-# ----------------------------------------------------------------------------- flush
+# ----------------------------------------------------------------------------- landing
 
 
-def test_a_flush_before_any_resolve_runs_on_a_stream_none_of_sglangs():
+def test_a_landing_before_any_resolve_runs_on_a_stream_none_of_sglangs():
     ops = FakeOps(relay_handles=(2, 5))  # the first draw aliases the forward stream (2)
     relay, fm, _ = direct_relay(EXACT, ops=ops)
     with ops.on(ops.forward):
@@ -159,7 +159,7 @@ def test_a_flush_before_any_resolve_runs_on_a_stream_none_of_sglangs():
     assert ours and all(e[0] == "relay5" for e in ours)
 
 
-def test_a_flush_whose_future_map_is_gone_orders_behind_the_callers_stream():
+def test_a_landing_whose_future_map_is_gone_orders_behind_the_callers_stream():
     import gc
 
     relay, fm, ops = direct_relay(EXACT)
@@ -168,7 +168,7 @@ def test_a_flush_whose_future_map_is_gone_orders_behind_the_callers_stream():
     del fm
     gc.collect()
     ops.log.clear()
-    relay.flush()
+    relay.land_pending()
     assert ops.log[0] == ("relay3", "wait_stream", "schedule")
     assert relay.pending is None and buf[1] == 10
 
@@ -178,7 +178,7 @@ def test_a_landed_publish_records_a_fresh_publish_ready_when_it_was_cleared():
     with ops.on(ops.forward):
         relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
     fm.publish_ready = None
-    relay.flush()
+    relay.land_pending()
     assert fm.publish_ready is not None
     assert ("relay3", "record", fm.publish_ready.name) in ops.log
 
@@ -261,7 +261,7 @@ def test_a_captured_publish_of_a_variant_never_launched_is_sglangs_own(caplog):
     assert relay.launcher.backend == backend and relay.pending is None
     assert ops.log == []  # not launched, not recorded: SGLang's publish does both
     assert messages(caplog) == ["spec_fused: a publish under CUDA-graph capture is "
-                                "SGLang's own (its launch variant was not compiled before "
+                                "SGLang's own (its launch specialization was not compiled before "
                                 "the capture)"]
 
 
@@ -272,7 +272,7 @@ def test_a_captured_publish_arms_consume_once_as_upstreams_publish_does():
     upstream_fm.publish(torch.tensor([4]), torch.tensor([40]))
     relay, fm, ops = direct_relay(EXACT)
     assert relay.consume_once_flag
-    warm_publish_variant(relay, fm, ops)
+    warm_publish_launch(relay, fm, ops)
     fm._publish_fresh = False
     ops.capturing_now = True
     with ops.on(ops.forward):
@@ -348,7 +348,7 @@ def test_the_private_stream_is_redrawn_when_it_is_futuremaps_d2h_stream():
 
 
 def test_every_caller_stream_is_vetted_before_the_private_stream_runs_its_work(monkeypatch):
-    """The first use of the private stream may be a flush from the forward stream (two
+    """The first use of the private stream may be a landing from the forward stream (two
     publishes without a resolve); the schedule stream is vetted too, at its own first
     use, and a private stream that aliases it is redrawn, ordered after the old one."""
     with _published_on_the_forward(monkeypatch, (1, 5), [([1], [10]), ([2], [20])]) \
@@ -363,11 +363,11 @@ def test_every_caller_stream_is_vetted_before_the_private_stream_runs_its_work(m
 
 
 def test_landing_with_plain_torch_fences_before_it_forgets_the_publish(fake):
-    """``settle_pending`` (a hand-back's last landing) orders the caller's stream after
+    """``land_with_torch`` (a hand-back's last landing) orders the caller's stream after
     ``publish_ready`` and keeps the pending publish's forward-stream tensors alive for it
     (``record_stream``) *before* it drops them, then writes from them on that stream."""
     ops, fm, relay = fake.ops, fake.fm, fake.relay
-    relay.settle_pending()
+    relay.land_with_torch()
     assert ops.log == [
         ("schedule", "wait_event", fake.ready),
         ("schedule", "record_stream"), ("schedule", "record_stream"),  # indices, values

@@ -119,10 +119,10 @@ def messages(caplog):
     return [r.getMessage() for r in caplog.records if r.name == "spec_fused"]
 
 
-def warm_publish_variant(relay, fm, ops, values_dtype=torch.int64) -> None:
-    """Launch the publish-only variant once, eagerly, as a flush does before a capture
+def warm_publish_launch(relay, fm, ops, values_dtype=torch.int64) -> None:
+    """Launch the publish-only combination once, eagerly, as a landing does before a capture
     (nothing may compile inside one)."""
     with ops.on(ops.forward):
         relay.publish(fm, torch.tensor([9]), torch.tensor([90], dtype=values_dtype))
-    relay.flush()
+    relay.land_pending()
     ops.log.clear()

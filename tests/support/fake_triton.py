@@ -41,8 +41,8 @@ class FakeCompiled:
             self.corrupt(plain[9])  # out_ptr
 
 
-class ReadyFast:
-    """FastLaunch with every per-step condition met (a CPU has no CUDA device to ask)."""
+class ReadyDirect:
+    """DirectLaunch with every per-step condition met (a CPU has no CUDA device to ask)."""
 
     blocked = None
 
@@ -66,9 +66,9 @@ class ReadyFast:
 
 
 def bound_launcher(buf, compiled, backend="interpreter"):
-    """A PublishGather whose Triton variants are bound to ``compiled`` (CPU stand-in)."""
-    launcher = step_launcher.PublishGather(buf, backend=backend)
-    launcher._fast = ReadyFast()
+    """A StepLauncher whose Triton specializations are bound to ``compiled`` (CPU stand-in)."""
+    launcher = step_launcher.StepLauncher(buf, backend=backend)
+    launcher._direct = ReadyDirect()
     bound, why = launcher_mod.bind(compiled, N_ARGS)
     assert bound is not None, why
     launcher._bind = lambda _compiled: bound
