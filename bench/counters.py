@@ -31,7 +31,8 @@ import json
 import os
 import tempfile
 import threading
-from typing import Callable, Iterable, Optional, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -67,8 +68,13 @@ class _Patches:
 
     def wrap(self, owner, name: str, make: Callable) -> None:
         original = getattr(owner, name)
-        self._undo.append((owner, name, owner.__dict__.get(name, _MISSING)
-                           if hasattr(owner, "__dict__") else _MISSING))
+        self._undo.append(
+            (
+                owner,
+                name,
+                owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING,
+            )
+        )
         setattr(owner, name, make(original))
 
     def undo(self) -> None:
@@ -88,8 +94,11 @@ class DeviceRoles:
 
     def __init__(self, device: torch.device, tensors: Iterable[torch.Tensor] = ()):
         self.on_cuda = device.type == "cuda"
-        self._ptrs = {t.untyped_storage().data_ptr() for t in tensors
-                      if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr()}
+        self._ptrs = {
+            t.untyped_storage().data_ptr()
+            for t in tensors
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr()
+        }
 
     def __call__(self, t) -> bool:
         if not isinstance(t, torch.Tensor):
@@ -204,6 +213,7 @@ class _Counter:
 def _count_tensor_calls(counter, patches: _Patches, names: Sequence[str], cost: Callable):
     """Wrap ``torch.Tensor.<name>`` so ``counter.add(cost(name, tensor, args, kwargs))``."""
     for name in names:
+
         def make(original, name=name):
             def wrapper(self, *args, **kwargs):
                 if not _ignored():
@@ -234,8 +244,12 @@ class SyncCounter(_Counter):
         if name == "copy_":
             src = args[0] if args else kwargs.get("src")
             blocking = not (args[1] if len(args) > 1 else kwargs.get("non_blocking", False))
-            return int(t.device.type == "cpu" and isinstance(src, torch.Tensor)
-                       and src.device.type != "cpu" and blocking)
+            return int(
+                t.device.type == "cpu"
+                and isinstance(src, torch.Tensor)
+                and src.device.type != "cpu"
+                and blocking
+            )
         return int(self.is_device(t))
 
     def install(self, patches: _Patches) -> None:
@@ -269,8 +283,11 @@ class D2HCounter(_Counter):
             return size if (t.device.type != "cpu" or not self.on_cuda) else 0
         if name == "copy_":
             src = args[0] if args else kwargs.get("src")
-            if isinstance(src, torch.Tensor) and t.device.type == "cpu" and (
-                    src.device.type != "cpu" if self.on_cuda else self.is_device(src)):
+            if (
+                isinstance(src, torch.Tensor)
+                and t.device.type == "cpu"
+                and (src.device.type != "cpu" if self.on_cuda else self.is_device(src))
+            ):
                 return src.numel() * src.element_size()
             return 0
         if not self.is_device(t):
@@ -285,12 +302,36 @@ class D2HCounter(_Counter):
 
 
 # Dispatched ops that only make or reshape tensor metadata: never a launch.
-_METADATA_OPS = frozenset({
-    "view", "_unsafe_view", "as_strided", "detach", "alias", "empty", "empty_strided",
-    "new_empty", "new_empty_strided", "slice", "select", "t", "expand", "unsqueeze",
-    "squeeze", "_reshape_alias", "lift_fresh", "is_pinned", "unbind", "split", "set_",
-    "resolve_conj", "resolve_neg", "sym_size", "sym_stride", "sym_numel",
-})
+_METADATA_OPS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "as_strided",
+        "detach",
+        "alias",
+        "empty",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "slice",
+        "select",
+        "t",
+        "expand",
+        "unsqueeze",
+        "squeeze",
+        "_reshape_alias",
+        "lift_fresh",
+        "is_pinned",
+        "unbind",
+        "split",
+        "set_",
+        "resolve_conj",
+        "resolve_neg",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+    }
+)
 
 
 class LaunchCounter(_Counter):
@@ -352,9 +393,16 @@ class _OpCounterMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-_SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaEventSynchronize",
-                         "cudaDeviceSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
-                         "cuCtxSynchronize"})
+_SYNC_CALLS = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaEventSynchronize",
+        "cudaDeviceSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
+        "cuCtxSynchronize",
+    }
+)
 
 
 def profiled_counts(step: Callable[[], None], reps: int) -> dict:
@@ -388,8 +436,15 @@ def profiled_counts(step: Callable[[], None], reps: int) -> dict:
     return counts
 
 
-def count_step(step: Callable[[], None], device: torch.device, *, roles=(), reps: int = 4,
-               warmup: int = 2, zero_copy_bytes: int = 0) -> dict:
+def count_step(
+    step: Callable[[], None],
+    device: torch.device,
+    *,
+    roles=(),
+    reps: int = 4,
+    warmup: int = 2,
+    zero_copy_bytes: int = 0,
+) -> dict:
     """Per-call ``launches``, ``d2h_bytes``, ``host_syncs`` (``validation_ops`` on CPU) and
     the op names seen, of ``step``, averaged over ``reps`` calls after ``warmup``.
 

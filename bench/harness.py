@@ -24,8 +24,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Optional
 
 import torch
 
@@ -131,9 +132,16 @@ def write_json(path: Path, payload: dict) -> Path:
     return path
 
 
-def write_results(name: str, out_dir: Path, payload: dict, *, tables: Sequence[str],
-                  plot: Optional[Callable[[Path], None]], count: str,
-                  also: Sequence[Path] = ()) -> dict:
+def write_results(
+    name: str,
+    out_dir: Path,
+    payload: dict,
+    *,
+    tables: Sequence[str],
+    plot: Optional[Callable[[Path], None]],
+    count: str,
+    also: Sequence[Path] = (),
+) -> dict:
     """The end of every benchmark: ``<name>.json``, the printed tables, ``<name>.png``
     (``plot`` given, i.e. not ``--no-plot``) and one line saying where they all went
     (``also``: files the benchmark wrote itself)."""
@@ -144,16 +152,23 @@ def write_results(name: str, out_dir: Path, payload: dict, *, tables: Sequence[s
         png = out_dir / f"{name}.png"
         plot(png)
     files = [json_path, *also, *([png] if png else [])]
-    print(f"\n{name}: {count} in {payload['config']['wall_s']} s -> "
-          + ", ".join(str(f) for f in files))
+    print(
+        f"\n{name}: {count} in {payload['config']['wall_s']} s -> "
+        + ", ".join(str(f) for f in files)
+    )
     return payload
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--quick", action="store_true",
-                        help="small sweep that finishes in minutes on a 2-core CPU")
-    parser.add_argument("--out", metavar="DIR", default=None,
-                        help="write results into DIR (default: bench/results/<device>/)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sweep that finishes in minutes on a 2-core CPU"
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="write results into DIR (default: bench/results/<device>/)",
+    )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plot")
     return parser
 
@@ -175,11 +190,14 @@ def format_table(rows: Sequence[dict], columns: Sequence[str], markdown: bool = 
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         lines += ["| " + " | ".join(b) + " |" for b in body]
         return "\n".join(lines)
-    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c)
-              for i, c in enumerate(columns)]
-    fmt = "  ".join("{:>%d}" % w for w in widths)
-    return "\n".join([fmt.format(*columns), fmt.format(*("-" * w for w in widths))]
-                     + [fmt.format(*b) for b in body])
+    widths = [
+        max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(columns)
+    ]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join(
+        [fmt.format(*columns), fmt.format(*("-" * w for w in widths))]
+        + [fmt.format(*b) for b in body]
+    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -201,8 +219,18 @@ _MARKERS = ("o", "s", "^", "D", "v", "x")
 _LINESTYLES = ("-", "--", "-.", ":")
 
 
-def plot_lines(series: dict, path: Path, *, title: str, xlabel: str, ylabel: str,
-               logx: bool = True, logy: bool = True, ax=None, colors: Optional[dict] = None):
+def plot_lines(
+    series: dict,
+    path: Path,
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logx: bool = True,
+    logy: bool = True,
+    ax=None,
+    colors: Optional[dict] = None,
+):
     """One line per ``series[label] = (xs, ys)``; saves ``path`` unless an ``ax`` is given.
     Markers and line styles differ per series, so lines that coincide stay visible."""
     import matplotlib
@@ -216,9 +244,14 @@ def plot_lines(series: dict, path: Path, *, title: str, xlabel: str, ylabel: str
     for i, (label, (xs, ys)) in enumerate(series.items()):
         pts = [(x, y) for x, y in zip(xs, ys) if y is not None and y > 0]
         if pts:
-            ax.plot(*zip(*pts), marker=_MARKERS[i % len(_MARKERS)], markersize=5 - i % 3,
-                    linestyle=_LINESTYLES[i % len(_LINESTYLES)], label=label,
-                    color=(colors or {}).get(label))
+            ax.plot(
+                *zip(*pts),
+                marker=_MARKERS[i % len(_MARKERS)],
+                markersize=5 - i % 3,
+                linestyle=_LINESTYLES[i % len(_LINESTYLES)],
+                label=label,
+                color=(colors or {}).get(label),
+            )
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
@@ -256,8 +289,7 @@ def spin_until(deadline: float) -> None:
         pass
 
 
-def host_time_us(step: Callable[[], None], device: torch.device, *, reps: int,
-                 warmup: int) -> list:
+def host_time_us(step: Callable[[], None], device: torch.device, *, reps: int, warmup: int) -> list:
     """Wall time of each of ``reps`` calls of ``step`` (µs), after ``warmup`` calls."""
     for _ in range(warmup):
         step()

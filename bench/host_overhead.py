@@ -43,48 +43,65 @@ import gc
 import time
 
 from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton is imported
-
 from spec_fused.tools import measure
 
 ALGORITHMS = ("EAGLE", "DFLASH")
 FULL_BATCHES = (1, 4, 16, 64, 256, 1024)
 QUICK_BATCHES = (1, 16, 256, 1024)
 POOL = 4096
-PROVIDER_ORDER = ("upstream", "spec_fused", "spec_fused-null", "spec_fused-jit", "floor-direct",
-                  "floor-jit")
+PROVIDER_ORDER = (
+    "upstream",
+    "spec_fused",
+    "spec_fused-null",
+    "spec_fused-jit",
+    "floor-direct",
+    "floor-jit",
+)
 
 
 def sweep(args, device) -> list:
     from tqdm import tqdm
 
     rows = []
-    cells = [(a, c, b) for a in args.algorithms for c in args.needs_cpu_seq_lens
-             for b in args.batches]
+    cells = [
+        (a, c, b) for a in args.algorithms for c in args.needs_cpu_seq_lens for b in args.batches
+    ]
     with tqdm(total=len(cells), desc="host_overhead", unit="cell", dynamic_ncols=True) as bar:
         for algorithm, needs_cpu, batch in cells:
-            bar.set_postfix_str(f"{algorithm} needs_cpu={needs_cpu} batch={batch}",
-                                refresh=False)
+            bar.set_postfix_str(f"{algorithm} needs_cpu={needs_cpu} batch={batch}", refresh=False)
             production = None if device.type == "cuda" else "reference"
-            providers = measure.build_providers(algorithm, device, needs_cpu, batch, pool=POOL,
-                                                seed=args.seed, production=production)
-            samples = measure.measure_cell(providers, device, args.rounds, args.steps,
-                                           args.warmup)
+            providers = measure.build_providers(
+                algorithm,
+                device,
+                needs_cpu,
+                batch,
+                pool=POOL,
+                seed=args.seed,
+                production=production,
+            )
+            samples = measure.measure_cell(providers, device, args.rounds, args.steps, args.warmup)
             up_med = harness.median(samples["upstream"])
             up_best = min(samples["upstream"])
             floor = samples.get("floor-direct")
             floor_med = harness.median(floor) if floor else None
             for name, times in samples.items():
                 med, best = harness.median(times), min(times)
-                rows.append({
-                    "provider": name, "algorithm": algorithm,
-                    "needs_cpu_seq_lens": needs_cpu, "batch": batch,
-                    "host_us": med, "host_us_best": best,
-                    "host_us_p90": harness.percentile(times, 90),
-                    "ratio_to_upstream": med / up_med,
-                    "ratio_to_upstream_best": best / up_best,
-                    "ratio_to_floor": None if floor_med is None else med / floor_med,
-                    "rounds": len(times), "steps_per_round": args.steps,
-                })
+                rows.append(
+                    {
+                        "provider": name,
+                        "algorithm": algorithm,
+                        "needs_cpu_seq_lens": needs_cpu,
+                        "batch": batch,
+                        "host_us": med,
+                        "host_us_best": best,
+                        "host_us_p90": harness.percentile(times, 90),
+                        "ratio_to_upstream": med / up_med,
+                        "ratio_to_upstream_best": best / up_best,
+                        "ratio_to_floor": None if floor_med is None else med / floor_med,
+                        "rounds": len(times),
+                        "steps_per_round": args.steps,
+                    }
+                )
             bar.update(1)
     return rows
 
@@ -104,9 +121,11 @@ def _install(form: str):
 
     original = _Probe.__dict__["step"]
     if form == "direct":
+
         def make(orig):
             def step(self, a, b):
                 return orig(self, a, b)
+
             return step
 
         _Probe.step = make(original)
@@ -142,7 +161,7 @@ def hook_forms(rounds: int, calls: int) -> list:
     forms = ("none", "direct", "replace", "around")
     samples = {f: [] for f in forms}
     for r in range(rounds):
-        for form in forms[r % 4:] + forms[:r % 4]:
+        for form in forms[r % 4 :] + forms[: r % 4]:
             undo = _install(form) if form != "none" else (lambda: None)
             try:
                 step = probe.step
@@ -156,14 +175,27 @@ def hook_forms(rounds: int, calls: int) -> list:
                 undo()
             del step
     base = harness.median(samples["none"])
-    return [{"form": f, "ns_per_call": harness.median(samples[f]),
-             "ns_over_unpatched": harness.median(samples[f]) - base} for f in forms]
+    return [
+        {
+            "form": f,
+            "ns_per_call": harness.median(samples[f]),
+            "ns_over_unpatched": harness.median(samples[f]) - base,
+        }
+        for f in forms
+    ]
 
 
 # --------------------------------------------------------------------------- report
 
-TABLE_COLUMNS = ("algorithm", "needs_cpu_seq_lens", "batch", "provider", "host_us",
-                 "host_us_best", "ratio_to_upstream")
+TABLE_COLUMNS = (
+    "algorithm",
+    "needs_cpu_seq_lens",
+    "batch",
+    "provider",
+    "host_us",
+    "host_us_best",
+    "ratio_to_upstream",
+)
 
 
 def summary(rows: list) -> list:
@@ -174,15 +206,20 @@ def summary(rows: list) -> list:
         if not mine or name == "upstream":
             continue
         worst = max(mine, key=lambda r: r["ratio_to_upstream"])
-        out.append({"provider": name,
-                    "worst_ratio": worst["ratio_to_upstream"],
-                    "worst_at": f"{worst['algorithm']} ncsl={worst['needs_cpu_seq_lens']} "
-                                f"bs={worst['batch']}",
-                    "median_ratio": harness.median(r["ratio_to_upstream"] for r in mine),
-                    "worst_ratio_best_of": max(r["ratio_to_upstream_best"] for r in mine),
-                    "worst_ratio_to_floor": max((r["ratio_to_floor"] for r in mine
-                                                 if r["ratio_to_floor"] is not None),
-                                                default=None)})
+        out.append(
+            {
+                "provider": name,
+                "worst_ratio": worst["ratio_to_upstream"],
+                "worst_at": f"{worst['algorithm']} ncsl={worst['needs_cpu_seq_lens']} "
+                f"bs={worst['batch']}",
+                "median_ratio": harness.median(r["ratio_to_upstream"] for r in mine),
+                "worst_ratio_best_of": max(r["ratio_to_upstream_best"] for r in mine),
+                "worst_ratio_to_floor": max(
+                    (r["ratio_to_floor"] for r in mine if r["ratio_to_floor"] is not None),
+                    default=None,
+                ),
+            }
+        )
     return out
 
 
@@ -192,21 +229,36 @@ def plot(rows: list, path, device) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = [(a, c) for a in dict.fromkeys(r["algorithm"] for r in rows)
-             for c in dict.fromkeys(r["needs_cpu_seq_lens"] for r in rows)]
+    cells = [
+        (a, c)
+        for a in dict.fromkeys(r["algorithm"] for r in rows)
+        for c in dict.fromkeys(r["needs_cpu_seq_lens"] for r in rows)
+    ]
     fig, axes = plt.subplots(1, len(cells), squeeze=False, figsize=(5.2 * len(cells), 4.5))
     for j, (algorithm, needs_cpu) in enumerate(cells):
         series = {}
         for name in PROVIDER_ORDER:
-            pts = sorted((r["batch"], r["host_us"]) for r in rows if r["provider"] == name
-                         and r["algorithm"] == algorithm and r["needs_cpu_seq_lens"] == needs_cpu)
+            pts = sorted(
+                (r["batch"], r["host_us"])
+                for r in rows
+                if r["provider"] == name
+                and r["algorithm"] == algorithm
+                and r["needs_cpu_seq_lens"] == needs_cpu
+            )
             if pts:
                 series[name] = tuple(zip(*pts))
-        harness.plot_lines(series, path, title=f"{algorithm}, needs_cpu_seq_lens={needs_cpu}",
-                          xlabel="batch size", ylabel="host µs per step (median)",
-                          ax=axes[0][j])
-    fig.suptitle(f"spec_fused relay host cost per step (publish + resolve) on "
-                 f"{harness.device_name(device)}", fontsize=11)
+        harness.plot_lines(
+            series,
+            path,
+            title=f"{algorithm}, needs_cpu_seq_lens={needs_cpu}",
+            xlabel="batch size",
+            ylabel="host µs per step (median)",
+            ax=axes[0][j],
+        )
+    fig.suptitle(
+        f"spec_fused relay host cost per step (publish + resolve) on {harness.device_name(device)}",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -216,11 +268,11 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bench.host_overhead",
         description="Host µs per relay step: SGLang's FutureMap vs spec_fused vs its "
-                    "wrapper alone (null backend), interleaved in one process.")
+        "wrapper alone (null backend), interleaved in one process.",
+    )
     harness.add_common_args(parser)
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
-    parser.add_argument("--needs-cpu-seq-lens", type=int, nargs="+", choices=(0, 1),
-                        default=[0, 1])
+    parser.add_argument("--needs-cpu-seq-lens", type=int, nargs="+", choices=(0, 1), default=[0, 1])
     parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per cell")
     parser.add_argument("--steps", type=int, help="steps per block")
@@ -247,21 +299,39 @@ def main(argv=None) -> dict:
         "rows": rows,
         "summary": summary(rows),
         "hook_forms": forms,
-        "config": {"quick": args.quick, "pool": POOL, "batches": args.batches,
-                   "algorithms": args.algorithms,
-                   "needs_cpu_seq_lens": args.needs_cpu_seq_lens, "rounds": args.rounds,
-                   "steps_per_round": args.steps, "warmup": args.warmup,
-                   "production_backend": "triton" if device.type == "cuda" else "reference",
-                   **prepared, "wall_s": round(time.perf_counter() - t0, 1)},
+        "config": {
+            "quick": args.quick,
+            "pool": POOL,
+            "batches": args.batches,
+            "algorithms": args.algorithms,
+            "needs_cpu_seq_lens": args.needs_cpu_seq_lens,
+            "rounds": args.rounds,
+            "steps_per_round": args.steps,
+            "warmup": args.warmup,
+            "production_backend": "triton" if device.type == "cuda" else "reference",
+            **prepared,
+            "wall_s": round(time.perf_counter() - t0, 1),
+        },
     }
-    tables = [harness.format_table(rows, TABLE_COLUMNS),
-              harness.format_table(payload["summary"], ("provider", "worst_ratio", "worst_at",
-                                                       "median_ratio", "worst_ratio_best_of",
-                                                       "worst_ratio_to_floor")),
-              harness.format_table(forms, ("form", "ns_per_call", "ns_over_unpatched"))]
+    tables = [
+        harness.format_table(rows, TABLE_COLUMNS),
+        harness.format_table(
+            payload["summary"],
+            (
+                "provider",
+                "worst_ratio",
+                "worst_at",
+                "median_ratio",
+                "worst_ratio_best_of",
+                "worst_ratio_to_floor",
+            ),
+        ),
+        harness.format_table(forms, ("form", "ns_per_call", "ns_over_unpatched")),
+    ]
     draw = None if args.no_plot or not rows else (lambda png: plot(rows, png, device))
-    return harness.write_results("host_overhead", out_dir, payload, tables=tables, plot=draw,
-                                count=f"{len(rows)} rows")
+    return harness.write_results(
+        "host_overhead", out_dir, payload, tables=tables, plot=draw, count=f"{len(rows)} rows"
+    )
 
 
 if __name__ == "__main__":

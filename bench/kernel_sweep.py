@@ -34,17 +34,17 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
-
-from bench import counters, harness  # first: sets TRITON_INTERPRET on CPU before triton
-
-from spec_fused.tools import measure, traces
+from typing import Optional
 
 import torch
 
+from bench import counters, harness  # first: sets TRITON_INTERPRET on CPU before triton
+from spec_fused.tools import measure, traces
+
 PROVIDERS = ("upstream", "fused-exact", "fused-barrier-free", "floor")
-FULL_BATCHES = tuple(2 ** i for i in range(13))  # 1 .. 4096
+FULL_BATCHES = tuple(2**i for i in range(13))  # 1 .. 4096
 QUICK_BATCHES = (1, 4, 16, 64, 256, 1024, 4096)
 FULL_POOLS = (4096, 65536)
 QUICK_POOLS = (4096,)
@@ -63,7 +63,7 @@ class Settings:
     bench_rep_ms: int
 
     @classmethod
-    def for_run(cls, device: torch.device, quick: bool) -> "Settings":
+    def for_run(cls, device: torch.device, quick: bool) -> Settings:
         if device.type == "cuda":
             return cls(200 if quick else 500, 20, 5, 5 if quick else 10, 25 if quick else 50)
         return cls(25 if quick else 50, 3, 2, 0, 0)
@@ -89,12 +89,17 @@ class Relays:
     maps: dict
 
     @classmethod
-    def build(cls, device: torch.device, pool: int) -> "Relays":
+    def build(cls, device: torch.device, pool: int) -> Relays:
         maps = {"upstream": measure.arm_future_map("EAGLE", device, pool, fused=False)}
         maps["fused-exact"] = measure.arm_future_map("EAGLE", device, pool, fused=True)
         maps["fused-barrier-free"] = measure.arm_future_map(
-            "DFLASH", device, pool, fused=True, env={"SPEC_FUSED_WAR_BARRIER": "0"},
-            needs_cpu_seq_lens=False)
+            "DFLASH",
+            device,
+            pool,
+            fused=True,
+            env={"SPEC_FUSED_WAR_BARRIER": "0"},
+            needs_cpu_seq_lens=False,
+        )
         for name, want in (("fused-exact", "war_guarded"), ("fused-barrier-free", "barrier_free")):
             relay = maps[name][1]
             if relay.variant != want:
@@ -115,16 +120,25 @@ def _relay_case(provider, fm, relay, idx, vals, *, patched, host_lengths, captur
         measure.synchronize(idx.device)
         measure.check_resolved(batch, vals, host_lengths=host_lengths, what=provider)
 
-    extra = {"variant": relay.variant if relay else "sglang",
-             # the fused host row: stored by the kernel into pinned memory, invisible to
-             # the profiler (lengths, sum, stamp)
-             "zero_copy_bytes": 8 * (idx.numel() + 2) if provider == "fused-exact" else 0}
-    return Case(provider, step, patched, [fm.__dict__["new_seq_lens_buf"], idx, vals],
-                capturable, check, extra, relay)
+    extra = {
+        "variant": relay.variant if relay else "sglang",
+        # the fused host row: stored by the kernel into pinned memory, invisible to
+        # the profiler (lengths, sum, stamp)
+        "zero_copy_bytes": 8 * (idx.numel() + 2) if provider == "fused-exact" else 0,
+    }
+    return Case(
+        provider,
+        step,
+        patched,
+        [fm.__dict__["new_seq_lens_buf"], idx, vals],
+        capturable,
+        check,
+        extra,
+        relay,
+    )
 
 
-def build_cases(relays: Relays, device: torch.device, pool: int, batch: int,
-                seed: int) -> list:
+def build_cases(relays: Relays, device: torch.device, pool: int, batch: int, seed: int) -> list:
     gen = torch.Generator().manual_seed(seed * 1_000_003 + pool + batch)
     idx = torch.randperm(pool, generator=gen)[:batch].to(device)
     vals = torch.randint(1, 1 << 15, (batch,), generator=gen, dtype=torch.int64).to(device)
@@ -132,14 +146,30 @@ def build_cases(relays: Relays, device: torch.device, pool: int, batch: int,
     for provider in PROVIDERS:
         if provider == "floor":
             scratch = torch.zeros(1, dtype=torch.int64, device=device)
-            cases.append(Case("floor", lambda s=scratch: _floor_kernel[(1,)](s), None,
-                              [scratch], True, extra={"variant": "empty launch"}))
+            cases.append(
+                Case(
+                    "floor",
+                    lambda s=scratch: _floor_kernel[(1,)](s),
+                    None,
+                    [scratch],
+                    True,
+                    extra={"variant": "empty launch"},
+                )
+            )
             continue
         fm, relay = relays.maps[provider]
-        cases.append(_relay_case(
-            provider, fm, relay, idx, vals, patched=provider != "upstream",
-            host_lengths=provider != "fused-barrier-free",
-            capturable=provider in ("fused-barrier-free",)))
+        cases.append(
+            _relay_case(
+                provider,
+                fm,
+                relay,
+                idx,
+                vals,
+                patched=provider != "upstream",
+                host_lengths=provider != "fused-barrier-free",
+                capturable=provider in ("fused-barrier-free",),
+            )
+        )
     # Patched providers last, together: two patch flips per size instead of four.
     order = {"upstream": 0, "floor": 1, "fused-exact": 2, "fused-barrier-free": 3}
     return sorted(cases, key=lambda c: order[c.provider])
@@ -151,8 +181,10 @@ def device_times(case: Case, device: torch.device, cfg: Settings) -> tuple:
         return None, None, "no device timing on CPU"
     from triton.testing import do_bench, do_bench_cudagraph
 
-    dev = do_bench(case.step, warmup=cfg.bench_warmup_ms, rep=cfg.bench_rep_ms,
-                   return_mode="median") * 1e3
+    dev = (
+        do_bench(case.step, warmup=cfg.bench_warmup_ms, rep=cfg.bench_rep_ms, return_mode="median")
+        * 1e3
+    )
     if not case.capturable:
         return dev, None, "step blocks the host (synchronize): not capturable"
     try:
@@ -168,43 +200,60 @@ def _self_reported(case: Case) -> Optional[int]:
     return None if case.relay is None else getattr(case.relay, "launches", None)
 
 
-def measure_case(case: Case, device: torch.device, pool: int, batch: int, cfg: Settings,
-            mode: str) -> dict:
+def measure_case(
+    case: Case, device: torch.device, pool: int, batch: int, cfg: Settings, mode: str
+) -> dict:
     if case.patched is not None:
         measure.set_patched(case.patched)
     if case.check is not None:
         case.check()
-    counts = counters.count_step(case.step, device, roles=case.roles, reps=cfg.count_reps,
-                                 zero_copy_bytes=case.extra["zero_copy_bytes"]
-                                 if "zero_copy_bytes" in case.extra else 0)
+    counts = counters.count_step(
+        case.step,
+        device,
+        roles=case.roles,
+        reps=cfg.count_reps,
+        zero_copy_bytes=case.extra["zero_copy_bytes"] if "zero_copy_bytes" in case.extra else 0,
+    )
     before = _self_reported(case)
     host = harness.host_time_us(case.step, device, reps=cfg.host_reps, warmup=cfg.host_warmup)
     after = _self_reported(case)
     calls = cfg.host_reps + cfg.host_warmup
     dev, graph, note = device_times(case, device, cfg)  # last: a capture leaves state behind
     row = {
-        "provider": case.provider, "pool": pool, "batch": batch,
-        "device_us": dev, "host_us": harness.median(host),
-        "launches": counts["launches"], "d2h_bytes": counts["d2h_bytes"],
+        "provider": case.provider,
+        "pool": pool,
+        "batch": batch,
+        "device_us": dev,
+        "host_us": harness.median(host),
+        "launches": counts["launches"],
+        "d2h_bytes": counts["d2h_bytes"],
         "host_syncs": counts["host_syncs"],
         "device_graph_us": graph,
-        "host_us_p10": harness.percentile(host, 10), "host_us_p90": harness.percentile(host, 90),
-        "host_reps": len(host), "validation_ops": counts["validation_ops"],
-        "launch_names": counts["launch_names"], "launch_source": counts["launch_source"],
+        "host_us_p10": harness.percentile(host, 10),
+        "host_us_p90": harness.percentile(host, 90),
+        "host_reps": len(host),
+        "validation_ops": counts["validation_ops"],
+        "launch_names": counts["launch_names"],
+        "launch_source": counts["launch_source"],
         "relay_reported_launches": None if before is None else (after - before) / calls,
-        "mode": mode, **case.extra,
+        "mode": mode,
+        **case.extra,
     }
     if note:
         row["device_note"] = note
     return row
 
 
-def sweep(device: torch.device, pools, batches, cfg: Settings, seed: int,
-          providers=PROVIDERS) -> list:
+def sweep(
+    device: torch.device, pools, batches, cfg: Settings, seed: int, providers=PROVIDERS
+) -> list:
     from tqdm import tqdm
 
-    mode = "interpreter" if harness.kernel_backend(device) == "interpreter" else \
-        harness.kernel_backend(device)
+    mode = (
+        "interpreter"
+        if harness.kernel_backend(device) == "interpreter"
+        else harness.kernel_backend(device)
+    )
     rows = []
     total = len(pools) * sum(1 for b in batches) * len(providers)
     with tqdm(total=total, desc="kernel_sweep", unit="case", dynamic_ncols=True) as bar:
@@ -217,16 +266,24 @@ def sweep(device: torch.device, pools, batches, cfg: Settings, seed: int,
                 for case in build_cases(relays, device, pool, batch, seed):
                     if case.provider not in providers:
                         continue
-                    bar.set_postfix_str(f"pool={pool} batch={batch} {case.provider}",
-                                        refresh=False)
+                    bar.set_postfix_str(f"pool={pool} batch={batch} {case.provider}", refresh=False)
                     rows.append(measure_case(case, device, pool, batch, cfg, mode))
                     bar.update(1)
             measure.set_patched(False)
     return rows
 
 
-TABLE_COLUMNS = ("provider", "pool", "batch", "device_us", "device_graph_us", "host_us",
-                 "launches", "d2h_bytes", "host_syncs")
+TABLE_COLUMNS = (
+    "provider",
+    "pool",
+    "batch",
+    "device_us",
+    "device_graph_us",
+    "host_us",
+    "launches",
+    "d2h_bytes",
+    "host_syncs",
+)
 
 
 def plot(rows: list, path, device: torch.device) -> None:
@@ -239,23 +296,33 @@ def plot(rows: list, path, device: torch.device) -> None:
     # On CPU the microseconds are the Triton interpreter's and mean nothing: plot the
     # counts, which are the CPU result. (Host cost on CPU: bench/host_overhead.py.)
     metrics = ["device_us", "host_us"] if device.type == "cuda" else ["launches", "d2h_bytes"]
-    fig, axes = plt.subplots(len(metrics), len(pools), squeeze=False,
-                             figsize=(6.5 * len(pools), 4.5 * len(metrics)))
+    fig, axes = plt.subplots(
+        len(metrics), len(pools), squeeze=False, figsize=(6.5 * len(pools), 4.5 * len(metrics))
+    )
     for i, metric in enumerate(metrics):
         for j, pool in enumerate(pools):
             series = {}
             for provider in PROVIDERS:
-                pts = sorted((r["batch"], r[metric]) for r in rows
-                             if r["pool"] == pool and r["provider"] == provider)
+                pts = sorted(
+                    (r["batch"], r[metric])
+                    for r in rows
+                    if r["pool"] == pool and r["provider"] == provider
+                )
                 if pts:
                     series[provider] = tuple(zip(*pts))
             title = f"{metric} per relay step, pool={pool}"
             unit = "µs" if metric.endswith("_us") else "per step"
             if device.type != "cuda":
                 title += "\nCPU: counts (interpreter timings are not speed and not shown)"
-            harness.plot_lines(series, path, title=title, xlabel="batch size",
-                              ylabel=f"{metric} ({unit})", ax=axes[i][j],
-                              logy=metric != "launches")
+            harness.plot_lines(
+                series,
+                path,
+                title=title,
+                xlabel="batch size",
+                ylabel=f"{metric} ({unit})",
+                ax=axes[i][j],
+                logy=metric != "launches",
+            )
     fig.suptitle(f"spec_fused kernel sweep on {harness.device_name(device)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -270,13 +337,19 @@ def summary(rows: list) -> list:
         if not mine:
             continue
 
-        def span(key):
+        def span(key, mine=mine):
             vals = [r[key] for r in mine]
             lo, hi = min(vals), max(vals)
             return str(lo) if lo == hi else f"{lo}..{hi}"
 
-        out.append({"provider": provider, "launches": span("launches"),
-                    "host_syncs": span("host_syncs"), "d2h_bytes": span("d2h_bytes")})
+        out.append(
+            {
+                "provider": provider,
+                "launches": span("launches"),
+                "host_syncs": span("host_syncs"),
+                "d2h_bytes": span("d2h_bytes"),
+            }
+        )
     return out
 
 
@@ -284,7 +357,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bench.kernel_sweep",
         description="Relay round trip (publish + resolve) per provider, batch and pool size.",
-        epilog="On CPU set TRITON_INTERPRET=1 (done automatically when CUDA is absent).")
+        epilog="On CPU set TRITON_INTERPRET=1 (done automatically when CUDA is absent).",
+    )
     harness.add_common_args(parser)
     parser.add_argument("--batches", type=int, nargs="+", help="override the batch sizes")
     parser.add_argument("--pools", type=int, nargs="+", help="override the pool sizes")
@@ -308,16 +382,24 @@ def main(argv=None) -> dict:
         "versions": harness.versions(device),
         "rows": rows,
         "mode": rows[0]["mode"] if rows else None,
-        "config": {"quick": args.quick, "batches": list(batches), "pools": list(pools),
-                   **vars(cfg), **prepared, "seed": args.seed,
-                   "wall_s": round(time.perf_counter() - t0, 1)},
+        "config": {
+            "quick": args.quick,
+            "batches": list(batches),
+            "pools": list(pools),
+            **vars(cfg),
+            **prepared,
+            "seed": args.seed,
+            "wall_s": round(time.perf_counter() - t0, 1),
+        },
     }
-    tables = [harness.format_table(rows, TABLE_COLUMNS),
-              harness.format_table(summary(rows), ("provider", "launches", "host_syncs",
-                                                  "d2h_bytes"))]
+    tables = [
+        harness.format_table(rows, TABLE_COLUMNS),
+        harness.format_table(summary(rows), ("provider", "launches", "host_syncs", "d2h_bytes")),
+    ]
     draw = None if args.no_plot or not rows else (lambda png: plot(rows, png, device))
-    return harness.write_results("kernel_sweep", out_dir, payload, tables=tables, plot=draw,
-                                count=f"{len(rows)} rows")
+    return harness.write_results(
+        "kernel_sweep", out_dir, payload, tables=tables, plot=draw, count=f"{len(rows)} rows"
+    )
 
 
 if __name__ == "__main__":

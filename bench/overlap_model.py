@@ -13,8 +13,9 @@ import gc
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -48,8 +49,7 @@ class Workload:
     prompt_len: tuple = (128, 1024)
 
     def forward_s(self, batch: int) -> float:
-        return (self.fwd_base_ms * 1e-3
-                + self.fwd_per_token_us * 1e-6 * self.verify_tokens * batch)
+        return self.fwd_base_ms * 1e-3 + self.fwd_per_token_us * 1e-6 * self.verify_tokens * batch
 
     def host_s(self, batch: int) -> float:
         return (self.sched_base_us + self.sched_per_req_us * batch) * 1e-6
@@ -66,8 +66,7 @@ class Workload:
 
 WORKLOADS = {
     "DFLASH": Workload("DFLASH", max_accept=16, accept_rate=0.8, verify_tokens=16),
-    "EAGLE": Workload("EAGLE", max_accept=4, accept_rate=0.7, verify_tokens=8,
-                      fwd_base_ms=2.0),
+    "EAGLE": Workload("EAGLE", max_accept=4, accept_rate=0.7, verify_tokens=8, fwd_base_ms=2.0),
 }
 
 
@@ -122,8 +121,7 @@ class CudaTimeline:
         if cycles > 0:
             torch.cuda._sleep(cycles)
 
-    def forward(self, part1_s: float, part2_s: float,
-                on_publish: Optional[Callable]) -> Forward:
+    def forward(self, part1_s: float, part2_s: float, on_publish: Optional[Callable]) -> Forward:
         with torch.cuda.stream(self.forward_stream):
             self.forward_stream.wait_stream(self.schedule_stream)
             self._sleep(part1_s)
@@ -259,13 +257,13 @@ class OverlapLoop:
     """One continuous-batching run of one arm (``ab_throughput.Arm``: its FutureMap, its
     barrier, whether it gives host lengths), step by step as ``event_loop_overlap``."""
 
-    def __init__(self, arm, wl: Workload, timeline, concurrency: int, pool: int,
-                 seed: int, steps: int):
+    def __init__(
+        self, arm, wl: Workload, timeline, concurrency: int, pool: int, seed: int, steps: int
+    ):
         self.arm, self.fm, self.wl, self.timeline = arm, arm.fm, wl, timeline
         self.reqs = Requests(concurrency, pool, wl, seed)
         draws = random.Random(seed)  # the same accept lengths for every arm
-        self.accepts = [[wl.draw_accept(draws) for _ in range(concurrency)]
-                        for _ in range(steps)]
+        self.accepts = [[wl.draw_accept(draws) for _ in range(concurrency)] for _ in range(steps)]
         self.keep_alive = deque(maxlen=4)  # cross-stream lifetimes (SGLang: batch_record_buf)
         self.batch = self.expected = None
         self.last: Optional[Forward] = None
@@ -309,8 +307,9 @@ class OverlapLoop:
             self.fm.resolve_seq_lens_cpu(self.batch)
         harness.spin_until(time.perf_counter() + self.wl.launch_s(n))  # forward prepare
         fwd_s = self.wl.forward_s(n)
-        return self.timeline.forward(fwd_s * self.wl.publish_frac,
-                                     fwd_s * (1 - self.wl.publish_frac), publish)
+        return self.timeline.forward(
+            fwd_s * self.wl.publish_frac, fwd_s * (1 - self.wl.publish_frac), publish
+        )
 
     def run(self, steps: int, warmup: int) -> RunResult:
         """``steps`` iterations, the first ``warmup`` untimed; GC off while timing."""
@@ -339,6 +338,9 @@ class OverlapLoop:
     def check(self) -> None:
         """The last resolve gave the lengths the host knows (outside the timed region)."""
         if self.fm is not None:
-            measure.check_resolved(self.batch, torch.tensor(self.expected, dtype=torch.int64),
-                                  host_lengths=self.arm.host_lengths,
-                                  what=f"arm {self.arm.name}")
+            measure.check_resolved(
+                self.batch,
+                torch.tensor(self.expected, dtype=torch.int64),
+                host_lengths=self.arm.host_lengths,
+                what=f"arm {self.arm.name}",
+            )

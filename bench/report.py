@@ -50,16 +50,19 @@ HOST_PROVIDERS = ("spec_fused", "spec_fused-null", "spec_fused-jit", "floor-dire
 def host_table(path: Path, batches=(1, 1024)) -> str:
     """Host µs per relay step (median over rounds) and the ratio to upstream's."""
     data = json.loads(path.read_text())
-    rows = {(r["provider"], r["algorithm"], r["needs_cpu_seq_lens"], r["batch"]): r
-            for r in data["rows"]}
+    rows = {
+        (r["provider"], r["algorithm"], r["needs_cpu_seq_lens"], r["batch"]): r
+        for r in data["rows"]
+    }
     present = [p for p in HOST_PROVIDERS if any(k[0] == p for k in rows)]
-    lines = [f"host_overhead, device `{data['device']}`, production backend "
-             f"`{data['config']['production_backend']}`, median host µs per step "
-             f"(publish + resolve) and × upstream",
-             "",
-             "| algorithm | needs_cpu_seq_lens | batch | upstream | "
-             + " | ".join(present) + " |",
-             "|---|---:|---:|---:|" + "---:|" * len(present)]
+    lines = [
+        f"host_overhead, device `{data['device']}`, production backend "
+        f"`{data['config']['production_backend']}`, median host µs per step "
+        f"(publish + resolve) and × upstream",
+        "",
+        "| algorithm | needs_cpu_seq_lens | batch | upstream | " + " | ".join(present) + " |",
+        "|---|---:|---:|---:|" + "---:|" * len(present),
+    ]
     cells = dict.fromkeys((k[1], k[2]) for k in rows)
     for algorithm, ncsl in cells:
         for b in batches:
@@ -69,17 +72,21 @@ def host_table(path: Path, batches=(1, 1024)) -> str:
             cols = []
             for p in present:
                 r = rows.get((p, algorithm, ncsl, b))
-                cols.append("-" if r is None else
-                            f"{r['host_us']:.2f} ({r['ratio_to_upstream']:.2f}×)")
-            lines.append(f"| {algorithm} | {ncsl} | {b} | {up['host_us']:.2f} | "
-                         + " | ".join(cols) + " |")
+                cols.append(
+                    "-" if r is None else f"{r['host_us']:.2f} ({r['ratio_to_upstream']:.2f}×)"
+                )
+            lines.append(
+                f"| {algorithm} | {ncsl} | {b} | {up['host_us']:.2f} | " + " | ".join(cols) + " |"
+            )
     for s in data.get("summary", []):
         best_of = s.get("worst_ratio_best_of")
-        lines.append(f"\n{s['provider']}: worst {s['worst_ratio']:.2f}× upstream "
-                     f"({s['worst_at']}), median {s['median_ratio']:.2f}× over "
-                     f"{sum(1 for r in data['rows'] if r['provider'] == s['provider'])} "
-                     f"cells" + ("" if best_of is None else
-                                 f"; worst of the best-of-rounds ratios {best_of:.2f}×"))
+        lines.append(
+            f"\n{s['provider']}: worst {s['worst_ratio']:.2f}× upstream "
+            f"({s['worst_at']}), median {s['median_ratio']:.2f}× over "
+            f"{sum(1 for r in data['rows'] if r['provider'] == s['provider'])} "
+            f"cells"
+            + ("" if best_of is None else f"; worst of the best-of-rounds ratios {best_of:.2f}×")
+        )
     return "\n".join(lines)
 
 
@@ -89,22 +96,26 @@ _NOISE = {True: "within noise", False: "beyond noise"}
 def ab_table(path: Path) -> str:
     data = json.loads(path.read_text())
     summary = data.get("summary", [])
-    lines = [f"ab_throughput, device `{data['device']}`, arm B kernel backend "
-             f"`{data.get('config', {}).get('kernel_backend', '?')}`",
-             "",
-             "| algorithm | concurrency | A tok/s | B tok/s | C tok/s | B/A | B vs A | "
-             "recovered A→C | B variant | WAR barrier A / B / C |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---|---|"]
+    lines = [
+        f"ab_throughput, device `{data['device']}`, arm B kernel backend "
+        f"`{data.get('config', {}).get('kernel_backend', '?')}`",
+        "",
+        "| algorithm | concurrency | A tok/s | B tok/s | C tok/s | B/A | B vs A | "
+        "recovered A→C | B variant | WAR barrier A / B / C |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---|---|",
+    ]
     for s in summary:
         share = s.get("gap_share_recovered")
-        barriers = " / ".join({True: "on", False: "off"}.get(s.get(f"{arm}_barrier"), "-")
-                              for arm in "ABC")
+        barriers = " / ".join(
+            {True: "on", False: "off"}.get(s.get(f"{arm}_barrier"), "-") for arm in "ABC"
+        )
         lines.append(
             f"| {s['algorithm']} | {s['concurrency']} | {_fmt(s['A_tok_s'])} | "
             f"{_fmt(s['B_tok_s'])} | {_fmt(s['C_tok_s'])} | {_fmt(s['B_over_A'], 3)} | "
             f"{_NOISE.get(s.get('B_vs_A_within_noise'), '-')} | "
             f"{'-' if share is None else f'{share:.0%}'} | {s.get('B_variant', '')} | "
-            f"{barriers} |")
+            f"{barriers} |"
+        )
     return "\n".join(lines)
 
 
@@ -115,7 +126,9 @@ def versions_line(path: Path) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.report", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("results_dir", type=Path)
     parser.add_argument("--pool", type=int, default=4096)
     args = parser.parse_args(argv)

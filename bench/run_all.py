@@ -24,24 +24,34 @@ from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton i
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bench.run_all",
-        description="kernel_sweep, then ab_throughput; prints where the results went.")
+        description="kernel_sweep, then ab_throughput; prints where the results went.",
+    )
     harness.add_common_args(parser)
-    parser.add_argument("--skip", nargs="+",
-                        choices=("kernel_sweep", "host_overhead", "ab_throughput"),
-                        default=[], help="benchmarks to leave out")
+    parser.add_argument(
+        "--skip",
+        nargs="+",
+        choices=("kernel_sweep", "host_overhead", "ab_throughput"),
+        default=[],
+        help="benchmarks to leave out",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    passthrough = [*(["--quick"] if args.quick else []),
-                   *(["--out", args.out] if args.out else []),
-                   *(["--no-plot"] if args.no_plot else [])]
+    passthrough = [
+        *(["--quick"] if args.quick else []),
+        *(["--out", args.out] if args.out else []),
+        *(["--no-plot"] if args.no_plot else []),
+    ]
     from bench import ab_throughput, host_overhead, kernel_sweep
 
     done, walls = {}, {}
-    for name, module in (("kernel_sweep", kernel_sweep), ("host_overhead", host_overhead),
-                         ("ab_throughput", ab_throughput)):
+    for name, module in (
+        ("kernel_sweep", kernel_sweep),
+        ("host_overhead", host_overhead),
+        ("ab_throughput", ab_throughput),
+    ):
         if name in args.skip:
             continue
         print(f"\n=== {name} {' '.join(passthrough)}", flush=True)

@@ -62,47 +62,85 @@ TESTED_CODE = ROOT / "spec_fused" / "integration" / "tested_code.py"
 LIGHT_PY = ROOT / ".venv" / "bin" / "python"
 HEAVY_PY = ROOT / ".venv-sched" / "bin" / "python"
 BELOW_RANGE = "0.5.14"  # the last release before the shared relay: must be refused
-LIGHT_TESTS = ("tests/test_compat.py", "tests/integration/test_code_check.py", "tests/caps",
-               "tests/tools/test_impact.py", "tests/integration/test_trace_equivalence.py",
-               "tests/integration/test_upstream_contracts.py", "tests/relay")
+LIGHT_TESTS = (
+    "tests/test_compat.py",
+    "tests/integration/test_code_check.py",
+    "tests/caps",
+    "tests/tools/test_impact.py",
+    "tests/integration/test_trace_equivalence.py",
+    "tests/integration/test_upstream_contracts.py",
+    "tests/relay",
+)
 HEAVY_TESTS = ("tests/test_scheduler_tier.py",)
 # Table columns and the test modules (or test_compat tests) each one covers.
 COLUMNS = {
-    "apply/remove": ("test_compat", ("test_the_installed_release_is_tested_or_refused",
-                                     "test_a_release_below_the_range_is_refused_cleanly",
-                                     "test_api_probe_then_apply_and_remove_exactly")),
-    "code": (("test_compat", "test_code_check"),
-             ("test_the_installed_code_is_the_recorded_code_of_this_release",
-              "test_the_installed_release_is_recorded_as_tested",
-              "test_a_new_keyword_on_publish_is_refused_naming_it",
-              "test_a_new_branch_in_resolve_is_refused_naming_it",
-              "test_comments_blank_lines_and_docstrings_are_not_changes",
-              "test_a_mix_of_releases_is_not_a_tested_release",
-              "test_an_edited_release_is_refused_in_one_line_and_sglang_runs",
-              "test_untested_code_runs_only_when_allowed_and_says_so",
-              "test_arguments_the_replacements_do_not_know_go_to_sglangs_original")),
-    "facts": (("test_compat", "test_impact"),
-              ("test_future_map_features_are_the_releases",
-               "test_the_facts_spec_fused_reads_are_the_releases",
-               "test_the_fence_check_finds_0_5_14s_verify_done",
-               "test_fa3_needs_host_lengths_as_the_release_says",
-               "test_the_backend_facts_are_this_releases",
-               "test_dflash_keeps_the_draft_backends_the_table_says",
-               "test_upstreams_step_costs_are_what_the_columns_claim",
-               "test_every_row_says_where_it_helps_from_the_host_lengths")),
-    "decisions": (("test_decisions", "test_barrier_decision", "test_claims", "test_algorithms",
-                   "test_describe"), None),
+    "apply/remove": (
+        "test_compat",
+        (
+            "test_the_installed_release_is_tested_or_refused",
+            "test_a_release_below_the_range_is_refused_cleanly",
+            "test_api_probe_then_apply_and_remove_exactly",
+        ),
+    ),
+    "code": (
+        ("test_compat", "test_code_check"),
+        (
+            "test_the_installed_code_is_the_recorded_code_of_this_release",
+            "test_the_installed_release_is_recorded_as_tested",
+            "test_a_new_keyword_on_publish_is_refused_naming_it",
+            "test_a_new_branch_in_resolve_is_refused_naming_it",
+            "test_comments_blank_lines_and_docstrings_are_not_changes",
+            "test_a_mix_of_releases_is_not_a_tested_release",
+            "test_an_edited_release_is_refused_in_one_line_and_sglang_runs",
+            "test_untested_code_runs_only_when_allowed_and_says_so",
+            "test_arguments_the_replacements_do_not_know_go_to_sglangs_original",
+        ),
+    ),
+    "facts": (
+        ("test_compat", "test_impact"),
+        (
+            "test_future_map_features_are_the_releases",
+            "test_the_facts_spec_fused_reads_are_the_releases",
+            "test_the_fence_check_finds_0_5_14s_verify_done",
+            "test_fa3_needs_host_lengths_as_the_release_says",
+            "test_the_backend_facts_are_this_releases",
+            "test_dflash_keeps_the_draft_backends_the_table_says",
+            "test_upstreams_step_costs_are_what_the_columns_claim",
+            "test_every_row_says_where_it_helps_from_the_host_lengths",
+        ),
+    ),
+    "decisions": (
+        (
+            "test_decisions",
+            "test_barrier_decision",
+            "test_claims",
+            "test_algorithms",
+            "test_describe",
+        ),
+        None,
+    ),
     "traces": ("test_trace_equivalence", None),
-    "relay": (("test_upstream_contracts", "test_stream_order", "test_host_lengths",
-               "test_hot_path", "test_fallbacks", "test_engagement", "test_cuda_ops"), None),
+    "relay": (
+        (
+            "test_upstream_contracts",
+            "test_stream_order",
+            "test_host_lengths",
+            "test_hot_path",
+            "test_fallbacks",
+            "test_engagement",
+            "test_cuda_ops",
+        ),
+        None,
+    ),
     "scheduler": ("test_scheduler_tier", None),
 }
 HEAVY_PINNED = ("transformers", "tokenizers", "xgrammar")
 
 
 def pip(python: Path, *args: str) -> None:
-    subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args],
-                   check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args], check=True
+    )
 
 
 def overlay(release: str) -> Path:
@@ -110,10 +148,19 @@ def overlay(release: str) -> Path:
     target = COMPAT_DIR / f"sglang-{release}"
     done = target / ".spec_fused-complete"
     if not done.exists():
-        print(f"[{release}] installing sglang=={release} into {target.relative_to(ROOT)}",
-              flush=True)
-        pip(LIGHT_PY, "install", "--no-deps", "--no-compile", "--upgrade", "--target",
-            str(target), f"sglang=={release}")
+        print(
+            f"[{release}] installing sglang=={release} into {target.relative_to(ROOT)}", flush=True
+        )
+        pip(
+            LIGHT_PY,
+            "install",
+            "--no-deps",
+            "--no-compile",
+            "--upgrade",
+            "--target",
+            str(target),
+            f"sglang=={release}",
+        )
         done.write_text(release)
     return target
 
@@ -124,20 +171,21 @@ def _requires(metadata: Path) -> dict:
     for line in metadata.read_text(encoding="utf-8", errors="replace").splitlines():
         if not line.startswith("Requires-Dist:") or ";" in line:
             continue
-        m = re.match(r"Requires-Dist:\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*\(?([^)]*)\)?",
-                     line)
+        m = re.match(r"Requires-Dist:\s*([A-Za-z0-9_.\-]+)\s*(?:\[[^\]]*\])?\s*\(?([^)]*)\)?", line)
         if m:
             out[m.group(1).lower().replace("_", "-")] = m.group(2).strip()
     return out
 
 
 def _installed(python: Path, names) -> dict:
-    code = ("import json, importlib.metadata as m\n"
-            "out = {}\n"
-            f"for n in {list(names)!r}:\n"
-            "    try: out[n] = m.version(n)\n"
-            "    except Exception: out[n] = None\n"
-            "print(json.dumps(out))")
+    code = (
+        "import json, importlib.metadata as m\n"
+        "out = {}\n"
+        f"for n in {list(names)!r}:\n"
+        "    try: out[n] = m.version(n)\n"
+        "    except Exception: out[n] = None\n"
+        "print(json.dumps(out))"
+    )
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout)
 
@@ -148,8 +196,9 @@ def heavy_overlay(sglang_dir: Path, release: str):
     metas = list(sglang_dir.glob("sglang-*.dist-info/METADATA"))
     if not metas:
         return None
-    pins = {n: s for n, s in _requires(metas[0]).items() if n in HEAVY_PINNED and
-            s.startswith("==")}
+    pins = {
+        n: s for n, s in _requires(metas[0]).items() if n in HEAVY_PINNED and s.startswith("==")
+    }
     have = _installed(HEAVY_PY, pins)
     if all(have.get(n) == s[2:] for n, s in pins.items()):
         return None
@@ -158,19 +207,41 @@ def heavy_overlay(sglang_dir: Path, release: str):
     done = target / ".spec_fused-complete"
     if done.exists():
         return target
-    print(f"[{release}] pinned for the scheduler import: "
-          f"{', '.join(f'{n}{s}' for n, s in sorted(pins.items()))}", flush=True)
+    print(
+        f"[{release}] pinned for the scheduler import: "
+        f"{', '.join(f'{n}{s}' for n, s in sorted(pins.items()))}",
+        flush=True,
+    )
     specs = [f"{n}{s}" for n, s in pins.items()]
-    pip(HEAVY_PY, "install", "--no-deps", "--no-compile", "--upgrade", "--target",
-        str(target), *specs)
+    pip(
+        HEAVY_PY,
+        "install",
+        "--no-deps",
+        "--no-compile",
+        "--upgrade",
+        "--target",
+        str(target),
+        *specs,
+    )
     # What that transformers itself needs of the two it is strict about.
     for meta in target.glob("transformers-*.dist-info/METADATA"):
         needs = _requires(meta)
-        extra = [f"{n}{needs[n]}" for n in ("huggingface-hub", "tokenizers")
-                 if n in needs and n not in pins]
+        extra = [
+            f"{n}{needs[n]}"
+            for n in ("huggingface-hub", "tokenizers")
+            if n in needs and n not in pins
+        ]
         if extra:
-            pip(HEAVY_PY, "install", "--no-deps", "--no-compile", "--upgrade", "--target",
-                str(target), *extra)
+            pip(
+                HEAVY_PY,
+                "install",
+                "--no-deps",
+                "--no-compile",
+                "--upgrade",
+                "--target",
+                str(target),
+                *extra,
+            )
     done.write_text(release)
     return target
 
@@ -181,9 +252,23 @@ def run_pytest(python: Path, tests, pythonpath, junit: Path, extra=()) -> float:
     env.setdefault("SPEC_FUSED_HYPOTHESIS_PROFILE", "compat")
     env["TRITON_INTERPRET"] = "1"
     t0 = time.perf_counter()
-    subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    "-o", "junit_family=xunit1", f"--junitxml={junit}", *extra, *tests],
-                   cwd=ROOT, env=env)
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "junit_family=xunit1",
+            f"--junitxml={junit}",
+            *extra,
+            *tests,
+        ],
+        cwd=ROOT,
+        env=env,
+    )
     return time.perf_counter() - t0
 
 
@@ -220,8 +305,7 @@ def column(cases, modules, names) -> dict:
         result = "pass"
     else:
         result = "skip"
-    return {"result": result, **count, "failed_tests": failed,
-            "skip_reasons": skips[:3]}
+    return {"result": result, **count, "failed_tests": failed, "skip_reasons": skips[:3]}
 
 
 def row_ok(cols: dict, below: bool) -> bool:
@@ -240,8 +324,13 @@ def test_release(release: str, work: Path) -> dict:
         f.unlink(missing_ok=True)
     below = status.kind == "older"
     print(f"[{release}] light tier ({status.kind})", flush=True)
-    run_pytest(LIGHT_PY, LIGHT_TESTS[:1] if below else LIGHT_TESTS,
-               [sglang_dir, STUBS, ROOT], light_junit, ("-m", "not scheduler and not gpu"))
+    run_pytest(
+        LIGHT_PY,
+        LIGHT_TESTS[:1] if below else LIGHT_TESTS,
+        [sglang_dir, STUBS, ROOT],
+        light_junit,
+        ("-m", "not scheduler and not gpu"),
+    )
     heavy_note = ""
     if below:
         heavy_note = "refused below the range: nothing to patch"
@@ -250,42 +339,73 @@ def test_release(release: str, work: Path) -> dict:
     else:
         pins = heavy_overlay(sglang_dir, release)
         print(f"[{release}] scheduler tier", flush=True)
-        run_pytest(HEAVY_PY, HEAVY_TESTS, [p for p in (sglang_dir, pins, ROOT) if p],
-                   heavy_junit, ("-m", "scheduler"))
+        run_pytest(
+            HEAVY_PY,
+            HEAVY_TESTS,
+            [p for p in (sglang_dir, pins, ROOT) if p],
+            heavy_junit,
+            ("-m", "scheduler"),
+        )
     cases = _cases(light_junit) + _cases(heavy_junit)
     cols = {name: column(cases, *spec) for name, spec in COLUMNS.items()}
     if heavy_note:
-        cols["scheduler"] = {"result": "skip", "passed": 0, "failed": 0, "skipped": 0,
-                             "failed_tests": [], "skip_reasons": [heavy_note]}
+        cols["scheduler"] = {
+            "result": "skip",
+            "passed": 0,
+            "failed": 0,
+            "skipped": 0,
+            "failed_tests": [],
+            "skip_reasons": [heavy_note],
+        }
     if below:  # a refused release runs only its refusal and the facts read from it
         for name in COLUMNS:
             if name != "apply/remove" and not cols[name]["passed"] + cols[name]["failed"]:
-                cols[name] = {"result": "n/a", "passed": 0, "failed": 0, "skipped": 0,
-                              "failed_tests": [], "skip_reasons": ["refused"]}
+                cols[name] = {
+                    "result": "n/a",
+                    "passed": 0,
+                    "failed": 0,
+                    "skipped": 0,
+                    "failed_tests": [],
+                    "skip_reasons": ["refused"],
+                }
     ok = row_ok(cols, below)
-    row = {"release": release, "status": status.kind, "ok": ok, "columns": cols,
-           "wall_s": round(time.perf_counter() - t0, 1)}
+    row = {
+        "release": release,
+        "status": status.kind,
+        "ok": ok,
+        "columns": cols,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
     ran = sum(c["passed"] + c["failed"] for c in cols.values())
     row["tests_run"] = ran
-    print(f"[{release}] {'ok' if ok else 'FAILED'}: {ran} tests: "
-          + ", ".join(f"{n} {c['result']} ({c['passed']})" for n, c in cols.items())
-          + f" ({row['wall_s']} s)", flush=True)
+    print(
+        f"[{release}] {'ok' if ok else 'FAILED'}: {ran} tests: "
+        + ", ".join(f"{n} {c['result']} ({c['passed']})" for n, c in cols.items())
+        + f" ({row['wall_s']} s)",
+        flush=True,
+    )
     return row
 
 
 def newer_on_index() -> tuple:
     """Releases the package index serves that are newer than the list, and a note."""
-    proc = subprocess.run([str(LIGHT_PY), "-m", "pip", "index", "versions", "sglang"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(LIGHT_PY), "-m", "pip", "index", "versions", "sglang"], capture_output=True, text=True
+    )
     m = re.search(r"Available versions:\s*(.+)", proc.stdout)
     if proc.returncode != 0 or not m:
         return [], "The package index could not be asked for newer releases."
     newest = parse(TESTED_RELEASES[-1])
-    newer = [v.strip() for v in m.group(1).split(",")
-             if parse(v.strip()) is not None and parse(v.strip()) > newest]
-    return sorted(newer, key=parse), (f"The index serves {', '.join(newer)} beyond the list."
-                                      if newer else "The package index serves no newer "
-                                                    "release.")
+    newer = [
+        v.strip()
+        for v in m.group(1).split(",")
+        if parse(v.strip()) is not None and parse(v.strip()) > newest
+    ]
+    return sorted(newer, key=parse), (
+        f"The index serves {', '.join(newer)} beyond the list."
+        if newer
+        else "The package index serves no newer release."
+    )
 
 
 def cmd_run(args) -> int:
@@ -302,14 +422,21 @@ def cmd_run(args) -> int:
         if cmd_record(argparse.Namespace(check=True)) != 0:
             return 1
     rows = [test_release(r, work) for r in releases]
-    versions = {"light": _installed(LIGHT_PY, ("torch", "triton")),
-                "heavy": _installed(HEAVY_PY, ("torch", "triton", "transformers"))
-                if HEAVY_PY.exists() else None}
-    payload = {"generated": time.strftime("%Y-%m-%d", time.gmtime()),
-               "command": "python scripts/compat_tier.py" + (" " + " ".join(sys.argv[1:])
-                                                               if sys.argv[1:] else ""),
-               "environments": versions, "index_note": note, "rows": rows,
-               "wall_s": round(time.perf_counter() - t0, 1)}
+    versions = {
+        "light": _installed(LIGHT_PY, ("torch", "triton")),
+        "heavy": _installed(HEAVY_PY, ("torch", "triton", "transformers"))
+        if HEAVY_PY.exists()
+        else None,
+    }
+    payload = {
+        "generated": time.strftime("%Y-%m-%d", time.gmtime()),
+        "command": "python scripts/compat_tier.py"
+        + (" " + " ".join(sys.argv[1:]) if sys.argv[1:] else ""),
+        "environments": versions,
+        "index_note": note,
+        "rows": rows,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
     out = Path(args.results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(payload, indent=1) + "\n")
@@ -318,8 +445,10 @@ def cmd_run(args) -> int:
         # the README shows the committed results: keep it current with what was just written,
         # so a second ./run.sh test finds README and results.json in step
         cmd_table(argparse.Namespace(results=str(out), readme=str(ROOT / "README.md")))
-    print(f"\ncompat tier: {len(rows)} releases, {sum(r['tests_run'] for r in rows)} tests "
-          f"in {payload['wall_s']} s -> {out}")
+    print(
+        f"\ncompat tier: {len(rows)} releases, {sum(r['tests_run'] for r in rows)} tests "
+        f"in {payload['wall_s']} s -> {out}"
+    )
     bad = [r["release"] for r in rows if not r["ok"] and r["status"] != "newer"]
     if bad:
         print(f"compat tier FAILED for: {', '.join(bad)}", file=sys.stderr)
@@ -338,19 +467,26 @@ def _cell(col: dict) -> str:
 
 
 def render(payload: dict) -> str:
-    lines = ["| release | status | " + " | ".join(COLUMNS) + " |",
-             "|---|---|" + "---|" * len(COLUMNS)]
+    lines = [
+        "| release | status | " + " | ".join(COLUMNS) + " |",
+        "|---|---|" + "---|" * len(COLUMNS),
+    ]
     for row in payload["rows"]:
-        lines.append(f"| {row['release']} | {row['status']} | "
-                     + " | ".join(_cell(row["columns"].get(c, {"result": "not run"}))
-                               for c in COLUMNS) + " |")
+        lines.append(
+            f"| {row['release']} | {row['status']} | "
+            + " | ".join(_cell(row["columns"].get(c, {"result": "not run"})) for c in COLUMNS)
+            + " |"
+        )
     env = payload.get("environments") or {}
     light, heavy = env.get("light") or {}, env.get("heavy") or {}
-    lines += ["", f"Run {payload['generated']} with `{payload['command']}`: light tier on torch "
-                  f"{light.get('torch')} / triton {light.get('triton')} (Triton interpreter); "
-                  f"scheduler tier on torch {heavy.get('torch')}, transformers "
-                  f"{heavy.get('transformers')} (or the release's own pin). "
-                  f"{payload.get('index_note') or ''}".rstrip()]
+    lines += [
+        "",
+        f"Run {payload['generated']} with `{payload['command']}`: light tier on torch "
+        f"{light.get('torch')} / triton {light.get('triton')} (Triton interpreter); "
+        f"scheduler tier on torch {heavy.get('torch')}, transformers "
+        f"{heavy.get('transformers')} (or the release's own pin). "
+        f"{payload.get('index_note') or ''}".rstrip(),
+    ]
     return "\n".join(lines)
 
 
@@ -382,18 +518,24 @@ def recorded_code(releases=TESTED_RELEASES) -> dict:
         root = overlay(release)
         out[release] = {
             module: code_check.fingerprint_source_file(
-                root / (module.replace(".", "/") + ".py"), names)
-            for module, names in code_check.CHECKED.items()}
+                root / (module.replace(".", "/") + ".py"), names
+            )
+            for module, names in code_check.CHECKED.items()
+        }
     return out
 
 
 def render_tested_code(record: dict) -> str:
-    lines = ['"""The code of every listed SGLang release that spec_fused patches or relies on:',
-             "``{release: {module: {function: '(signature)|code hash'}}}``.",
-             "",
-             "Written by ``python scripts/compat_tier.py record`` from each release's wheel; the",
-             "CI run checks it (``record --check``). Do not edit by hand.",
-             '"""', "", "TESTED_CODE = {"]
+    lines = [
+        '"""The code of every listed SGLang release that spec_fused patches or relies on:',
+        "``{release: {module: {function: '(signature)|code hash'}}}``.",
+        "",
+        "Written by ``python scripts/compat_tier.py record`` from each release's wheel; the",
+        "CI run checks it (``record --check``). Do not edit by hand.",
+        '"""',
+        "",
+        "TESTED_CODE = {",
+    ]
     for release in sorted(record, key=parse):
         lines.append(f"    {release!r}: {{")
         for module, names in record[release].items():
@@ -412,8 +554,11 @@ def cmd_record(args) -> int:
     if args.check:
         committed = TESTED_CODE.read_text() if TESTED_CODE.exists() else ""
         if committed != text:
-            print(f"{TESTED_CODE.relative_to(ROOT)} is not what the listed releases contain; "
-                  f"run: python scripts/compat_tier.py record", file=sys.stderr)
+            print(
+                f"{TESTED_CODE.relative_to(ROOT)} is not what the listed releases contain; "
+                f"run: python scripts/compat_tier.py record",
+                file=sys.stderr,
+            )
             return 1
         print(f"{TESTED_CODE.relative_to(ROOT)}: matches {len(TESTED_RELEASES)} releases")
         return 0
@@ -423,21 +568,31 @@ def cmd_record(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python scripts/compat_tier.py",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python scripts/compat_tier.py", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="cmd")
-    parser.add_argument("--releases", nargs="+", help="only these (default: all, plus "
-                        f"{BELOW_RANGE} and newer ones on the index)")
-    parser.add_argument("--no-discover", dest="discover", action="store_false",
-                        help="do not ask the package index for newer releases")
+    parser.add_argument(
+        "--releases",
+        nargs="+",
+        help=f"only these (default: all, plus {BELOW_RANGE} and newer ones on the index)",
+    )
+    parser.add_argument(
+        "--no-discover",
+        dest="discover",
+        action="store_false",
+        help="do not ask the package index for newer releases",
+    )
     parser.add_argument("--results", default=str(RESULTS))
     table = sub.add_parser("table", help="render the results as the README's table")
     table.add_argument("--results", default=str(RESULTS))
     table.add_argument("--readme", help="write it between the README's markers")
-    record = sub.add_parser("record", help="write the tested releases' code fingerprints "
-                                           "into the package")
-    record.add_argument("--check", action="store_true",
-                        help="only check that the committed record is current")
+    record = sub.add_parser(
+        "record", help="write the tested releases' code fingerprints into the package"
+    )
+    record.add_argument(
+        "--check", action="store_true", help="only check that the committed record is current"
+    )
     args = parser.parse_args(argv)
     if args.cmd == "table":
         return cmd_table(args)

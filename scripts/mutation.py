@@ -63,31 +63,66 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / ".mutation"
 WORK = Path(os.environ.get("TMPDIR", "/tmp")) / "spec_fused_mutation"
 
-_KERNEL_TESTS = ["tests/relay/test_host_lengths.py", "tests/kernels/test_direct_launch.py",
-                 "tests/integration/test_fuzz.py", "tests/kernels/test_kernel_errors.py",
-                 "tests/kernels/test_canary.py", "tests/kernels/test_host_ring.py",
-                 "tests/kernels/test_step_launcher.py"]
+_KERNEL_TESTS = [
+    "tests/relay/test_host_lengths.py",
+    "tests/kernels/test_direct_launch.py",
+    "tests/integration/test_fuzz.py",
+    "tests/kernels/test_kernel_errors.py",
+    "tests/kernels/test_canary.py",
+    "tests/kernels/test_host_ring.py",
+    "tests/kernels/test_step_launcher.py",
+]
 # module -> (file, its fast-tier test subset)
 MODULES = {
     "caps": ("spec_fused/caps.py", ["tests/caps"]),
-    "relay": ("spec_fused/relay.py",
-              ["tests/relay", "tests/integration/test_upstream_contracts.py",
-               "tests/integration/test_trace_equivalence.py",
-               "tests/integration/test_code_check.py"]),
+    "relay": (
+        "spec_fused/relay.py",
+        [
+            "tests/relay",
+            "tests/integration/test_upstream_contracts.py",
+            "tests/integration/test_trace_equivalence.py",
+            "tests/integration/test_code_check.py",
+        ],
+    ),
     # CudaOps and the device rule lived in relay.py during the recorded run (bffb675)
-    "cuda_ops": ("spec_fused/cuda_ops.py",
-                 ["tests/relay/test_stream_order.py", "tests/relay/test_fallbacks.py",
-                  "tests/relay/test_cuda_ops.py", "tests/relay/test_engagement.py"]),
+    "cuda_ops": (
+        "spec_fused/cuda_ops.py",
+        [
+            "tests/relay/test_stream_order.py",
+            "tests/relay/test_fallbacks.py",
+            "tests/relay/test_cuda_ops.py",
+            "tests/relay/test_engagement.py",
+        ],
+    ),
     "host_ring": ("spec_fused/kernels/host_ring.py", _KERNEL_TESTS),
     "step_launcher": ("spec_fused/kernels/step_launcher.py", _KERNEL_TESTS),
 }
-PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "-m", "not scheduler and not gpu",
-               "--hypothesis-seed=0", "-W", "ignore", "-rfE"]
-PRELOAD = ["numpy", "torch", "triton", "triton.language", "hypothesis", "pytest",
-           "sglang.srt.managers.overlap_utils", "sglang.srt.speculative.spec_info", "coverage"]
+PYTEST_ARGS = [
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "-m",
+    "not scheduler and not gpu",
+    "--hypothesis-seed=0",
+    "-W",
+    "ignore",
+    "-rfE",
+]
+PRELOAD = [
+    "numpy",
+    "torch",
+    "triton",
+    "triton.language",
+    "hypothesis",
+    "pytest",
+    "sglang.srt.managers.overlap_utils",
+    "sglang.srt.speculative.spec_info",
+    "coverage",
+]
 
 
 # ---------------------------------------------------------------------------- mutants
+
 
 def mutants(module: str) -> list[dict]:
     """Every mutmut mutant of ``module`` inside a function or method body, in source order:
@@ -124,8 +159,9 @@ def mutants(module: str) -> list[dict]:
                     for mutated in operator(node):
                         if self._removes_ignored_code(node, mutated):
                             continue
-                        mutation = fm.Mutation(node, mutated, self.get_metadata(
-                            fm.OuterFunctionProvider, node, None))
+                        mutation = fm.Mutation(
+                            node, mutated, self.get_metadata(fm.OuterFunctionProvider, node, None)
+                        )
                         mutation.op = operator.__name__.removeprefix("operator_")
                         self.mutations.append(mutation)
 
@@ -151,8 +187,16 @@ def mutants(module: str) -> list[dict]:
         diff = "".join(difflib.unified_diff(original_lines, new_lines, n=0)).splitlines()[2:]
         line = positions[mutation.original_node].start.line
         span = positions[func]
-        out.append({"id": len(out), "line": line, "func": [span.start.line, span.end.line],
-                    "op": mutation.op, "diff": "\n".join(diff), "code": new})
+        out.append(
+            {
+                "id": len(out),
+                "line": line,
+                "func": [span.start.line, span.end.line],
+                "op": mutation.op,
+                "diff": "\n".join(diff),
+                "code": new,
+            }
+        )
     RESULTS.mkdir(exist_ok=True)
     for old in RESULTS.glob(f"mutants-{module}-*.json"):
         old.unlink()
@@ -162,10 +206,19 @@ def mutants(module: str) -> list[dict]:
 
 # ---------------------------------------------------------------------------- workspace
 
+
 def make_workspace() -> Path:
     """A scratch copy of the working tree as it is (tracked and untracked, not ignored)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                           check=True, capture_output=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     if WORK.exists():
         shutil.rmtree(WORK)
     for rel in filter(None, files):
@@ -183,6 +236,7 @@ def _wipe_caches() -> None:
 
 
 # ---------------------------------------------------------------------------- fork server
+
 
 def _serve() -> None:
     os.chdir(WORK)
@@ -202,9 +256,13 @@ def _serve() -> None:
     # The fast profile's examples (conftest.py), seeded, with no example database (so no
     # result depends on the mutant before it) and no shrinking (a failure is a failure).
     settings.register_profile(
-        "mutation", max_examples=20, deadline=None, database=None,
+        "mutation",
+        max_examples=20,
+        deadline=None,
+        database=None,
         phases=[Phase.explicit, Phase.reuse, Phase.generate],
-        suppress_health_check=list(HealthCheck))
+        suppress_health_check=list(HealthCheck),
+    )
     os.environ["SPEC_FUSED_HYPOTHESIS_PROFILE"] = "mutation"
     leaked = [m for m in sys.modules if m == "spec_fused" or m.startswith("spec_fused.")]
     if leaked:
@@ -250,8 +308,9 @@ def _child(args: list[str], log: Path, coverage_of: Path | None, coverage_out: P
     return rc
 
 
-def run_tests(args: list[str], log: Path, timeout: float, coverage_of=None,
-              coverage_out=None) -> tuple:
+def run_tests(
+    args: list[str], log: Path, timeout: float, coverage_of=None, coverage_out=None
+) -> tuple:
     """pytest ``args`` in a forked child: ("passed" | "failed" | "timeout" | "error", secs)."""
     _wipe_caches()
     sys.stdout.flush()
@@ -297,8 +356,7 @@ def _first_failure(log: Path) -> str:
     return m.group(2) if m else ""
 
 
-def run(modules: list[str], ids, sample: float, seed: int, survivors: bool,
-        confirm: bool) -> None:
+def run(modules: list[str], ids, sample: float, seed: int, survivors: bool, confirm: bool) -> None:
     RESULTS.mkdir(exist_ok=True)
     plans = {}
     for module in modules:
@@ -309,11 +367,15 @@ def run(modules: list[str], ids, sample: float, seed: int, survivors: bool,
             chosen = [m for m in ms if m["id"] in ids]
         elif survivors:
             old = json.loads(path.read_text())["mutants"]
-            chosen = [m for m in ms if old.get(str(m["id"]), {}).get("status")
-                      in ("survived", "no_coverage")]
+            chosen = [
+                m
+                for m in ms
+                if old.get(str(m["id"]), {}).get("status") in ("survived", "no_coverage")
+            ]
         elif sample < 1.0:
-            chosen = sorted(random.Random(seed).sample(ms, round(len(ms) * sample)),
-                            key=lambda m: m["id"])
+            chosen = sorted(
+                random.Random(seed).sample(ms, round(len(ms) * sample)), key=lambda m: m["id"]
+            )
         plans[module] = (ms, chosen)
     make_workspace()
     # a SIGTERM runs the finally clauses too: the scratch copy is restored
@@ -323,16 +385,27 @@ def run(modules: list[str], ids, sample: float, seed: int, survivors: bool,
     logs.mkdir(exist_ok=True)
     try:
         for module, (ms, chosen) in plans.items():
-            _run_module(module, ms, chosen, logs, sample, seed, partial=bool(ids or survivors),
-                        confirm=confirm)
+            _run_module(
+                module,
+                ms,
+                chosen,
+                logs,
+                sample,
+                seed,
+                partial=bool(ids or survivors),
+                confirm=confirm,
+            )
     finally:
         for module in plans:
             rel = MODULES[module][0]
             if (WORK / rel).read_text() != (ROOT / rel).read_text():
                 raise SystemExit(f"scratch copy of {rel} was left mutated")
         if subprocess.run(["git", "diff", "--quiet", "--", "spec_fused/"], cwd=ROOT).returncode:
-            print("note: the real tree's spec_fused/ differs from HEAD (this driver only ever "
-                  "writes to the scratch copy)", file=sys.stderr)
+            print(
+                "note: the real tree's spec_fused/ differs from HEAD (this driver only ever "
+                "writes to the scratch copy)",
+                file=sys.stderr,
+            )
 
 
 def _run_module(module, ms, chosen, logs, sample, seed, partial, confirm) -> None:
@@ -347,14 +420,24 @@ def _run_module(module, ms, chosen, logs, sample, seed, partial, confirm) -> Non
     cov = json.loads(cov_out.read_text())
     order = {nodeid: i for i, nodeid in enumerate(cov["order"])}
     by_line = {int(k): v for k, v in cov["lines"].items()}
-    print(f"{module}: unmutated subset passes in {base_secs:.1f}s; running {len(chosen)} of "
-          f"{len(ms)} mutants", flush=True)
+    print(
+        f"{module}: unmutated subset passes in {base_secs:.1f}s; running {len(chosen)} of "
+        f"{len(ms)} mutants",
+        flush=True,
+    )
     limit = max(60.0, 3 * base_secs)
     path = RESULTS / f"results-{module}.json"
     results = json.loads(path.read_text()) if path.exists() and partial else {}
     results.setdefault("mutants", {})
-    results.update(module=module, file=rel, total=len(ms), tests=tests, sample=sample, seed=seed,
-                   source_sha=hashlib.sha256(original.encode()).hexdigest()[:16])
+    results.update(
+        module=module,
+        file=rel,
+        total=len(ms),
+        tests=tests,
+        sample=sample,
+        seed=seed,
+        source_sha=hashlib.sha256(original.encode()).hexdigest()[:16],
+    )
     selection_ok: dict = {}  # tuple(nodeids) -> passes unmutated?
 
     def selected(m) -> tuple:
@@ -388,18 +471,28 @@ def _run_module(module, ms, chosen, logs, sample, seed, partial, confirm) -> Non
                         how = "all"
                 finally:
                     target.write_text(original)
-                status = {"failed": "killed", "passed": "survived",
-                          "crashed": "killed"}.get(status, status)
-            entry = {"line": m["line"], "op": m["op"], "diff": m["diff"], "status": status,
-                     "tests": how, "seconds": round(time.monotonic() - start, 1)}
+                status = {"failed": "killed", "passed": "survived", "crashed": "killed"}.get(
+                    status, status
+                )
+            entry = {
+                "line": m["line"],
+                "op": m["op"],
+                "diff": m["diff"],
+                "status": status,
+                "tests": how,
+                "seconds": round(time.monotonic() - start, 1),
+            }
             if status == "killed":
                 entry["by"] = _first_failure(log)
             if status != "error":
                 log.unlink(missing_ok=True)
             results["mutants"][str(m["id"])] = entry
             last = m["diff"].splitlines()[-1].strip() if m["diff"] else ""
-            print(f"{module}:{m['id']:<4} L{m['line']:<4} {status:<11} {entry['seconds']:5.1f}s "
-                  f"{last[:80]}", flush=True)
+            print(
+                f"{module}:{m['id']:<4} L{m['line']:<4} {status:<11} {entry['seconds']:5.1f}s "
+                f"{last[:80]}",
+                flush=True,
+            )
             path.write_text(json.dumps(results, indent=1))
     finally:
         target.write_text(original)
@@ -419,10 +512,21 @@ PLANTED = {
         "spec_fused/caps.py",
         '    if caps.barrier_source == "table" and not caps.needs_war_barrier \\\n',
         '    if caps.host_source == "table" and caps.barrier_source == "table" \\\n'
-        '            and not caps.needs_war_barrier \\\n', 1),
+        "            and not caps.needs_war_barrier \\\n",
+        1,
+    ),
 }
-FAST_TIER = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not scheduler and not gpu",
-             "--ignore=tests/test_scheduler_tier.py", "tests"]
+FAST_TIER = [
+    "-m",
+    "pytest",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "-m",
+    "not scheduler and not gpu",
+    "--ignore=tests/test_scheduler_tier.py",
+    "tests",
+]
 
 
 def plant(names: list[str]) -> None:
@@ -438,20 +542,31 @@ def plant(names: list[str]) -> None:
         if not found or (count is not None and found != count):
             raise SystemExit(f"{name}: {old!r} occurs {found} times in {rel}")
         target.write_text(text.replace(old, new))
-        env = dict(os.environ, TRITON_INTERPRET="1", SPEC_FUSED_HYPOTHESIS_PROFILE="fast",
-                   PYTHONDONTWRITEBYTECODE="1")
-        where = subprocess.run([sys.executable, "-c", "import spec_fused; print(spec_fused.__file__)"],
-                               cwd=WORK, env=env, capture_output=True, text=True).stdout.strip()
+        env = dict(
+            os.environ,
+            TRITON_INTERPRET="1",
+            SPEC_FUSED_HYPOTHESIS_PROFILE="fast",
+            PYTHONDONTWRITEBYTECODE="1",
+        )
+        where = subprocess.run(
+            [sys.executable, "-c", "import spec_fused; print(spec_fused.__file__)"],
+            cwd=WORK,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         if not where.startswith(str(WORK)):
             raise SystemExit(f"the scratch copy imports {where}, not its own spec_fused")
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, *FAST_TIER], cwd=WORK, env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, *FAST_TIER], cwd=WORK, env=env, capture_output=True, text=True
+        )
         failed = re.findall(r"^FAILED (\S+)", proc.stdout, re.M)
         summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
         verdict = "CAUGHT" if proc.returncode != 0 else "MISSED"
-        print(f"{name}: {verdict} (rc {proc.returncode}, {time.monotonic() - start:.0f}s) "
-              f"{summary}")
+        print(
+            f"{name}: {verdict} (rc {proc.returncode}, {time.monotonic() - start:.0f}s) {summary}"
+        )
         for nodeid in failed:
             print(f"    FAILED {nodeid}")
         RESULTS.mkdir(exist_ok=True)
@@ -459,6 +574,7 @@ def plant(names: list[str]) -> None:
 
 
 # ---------------------------------------------------------------------------- report
+
 
 def load_equivalent(path: Path | None) -> dict:
     """``module id reason`` lines (``#`` comments): the survivors judged equivalent."""
@@ -486,19 +602,25 @@ def report(equivalent: Path | None, verbose: bool) -> None:
             counts[m["status"]] = counts.get(m["status"], 0) + 1
         ran = len(r["mutants"])
         killed = counts.get("killed", 0) + counts.get("timeout", 0)
-        alive = [int(k) for k, m in r["mutants"].items() if m["status"] not in ("killed", "timeout")]
+        alive = [
+            int(k) for k, m in r["mutants"].items() if m["status"] not in ("killed", "timeout")
+        ]
         equiv = [i for i in alive if (module, i) in eq]
         non_eq = ran - len(equiv)
         score = 100.0 * killed / non_eq if non_eq else 100.0
-        print(f"== {module}: {r['total']} mutants, {ran} run: {counts}; equivalent "
-              f"{len(equiv)}; score {killed}/{non_eq} = {score:.1f}%")
+        print(
+            f"== {module}: {r['total']} mutants, {ran} run: {counts}; equivalent "
+            f"{len(equiv)}; score {killed}/{non_eq} = {score:.1f}%"
+        )
         for i in sorted(alive):
             m = r["mutants"][str(i)]
             tag = "equivalent" if (module, i) in eq else m["status"]
             if tag == "equivalent" and not verbose:
                 continue
-            print(f"  [{i}] line {m['line']} {tag} ({m['op']})"
-                  + (f": {eq[(module, i)]}" if (module, i) in eq else ""))
+            print(
+                f"  [{i}] line {m['line']} {tag} ({m['op']})"
+                + (f": {eq[(module, i)]}" if (module, i) in eq else "")
+            )
             print("    " + m["diff"].replace("\n", "\n    "))
 
 
@@ -514,14 +636,19 @@ def main(argv=None) -> None:
     r.add_argument("modules", nargs="*", default=list(MODULES))
     r.add_argument("--ids", nargs="+", type=int)
     r.add_argument("--survivors", action="store_true", help="re-run the last run's survivors")
-    r.add_argument("--confirm", action="store_true",
-                   help="a mutant the selected tests miss runs the whole subset too")
+    r.add_argument(
+        "--confirm",
+        action="store_true",
+        help="a mutant the selected tests miss runs the whole subset too",
+    )
     r.add_argument("--sample", type=float, default=1.0, help="a seeded fraction of the mutants")
     r.add_argument("--seed", type=int, default=20260101)
     pl = sub.add_parser("plant", help="planted faults the fast tier must fail on")
     pl.add_argument("names", nargs="*", default=list(PLANTED))
     rep = sub.add_parser("report")
-    rep.add_argument("--equivalent", type=Path, default=ROOT / "scripts" / "mutation_equivalent.txt")
+    rep.add_argument(
+        "--equivalent", type=Path, default=ROOT / "scripts" / "mutation_equivalent.txt"
+    )
     rep.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if a.cmd == "list":

@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def impact_table() -> str:
-    from spec_fused.tools import impact
     from spec_fused.releases import TESTED_RELEASES
+    from spec_fused.tools import impact
 
     return impact.render_markdown(impact.ranged_rows(TESTED_RELEASES))
 
@@ -52,8 +52,9 @@ def replace(text: str, name: str, body: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python scripts/readme_tables.py",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python scripts/readme_tables.py", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--readme", default=str(ROOT / "README.md"))
     args = parser.parse_args(argv)
@@ -63,8 +64,7 @@ def main(argv=None) -> int:
         new = replace(new, name, render())
     if args.check:
         if new != text:
-            print(f"{readme} is not current: run python scripts/readme_tables.py",
-                  file=sys.stderr)
+            print(f"{readme} is not current: run python scripts/readme_tables.py", file=sys.stderr)
             return 1
         return 0
     readme.write_text(new)

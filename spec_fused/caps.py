@@ -16,9 +16,9 @@ Layers, lowest first: the table below < the spec worker's own attributes
 (``needs_war_barrier``, ``host_seq_lens``: the hook the PR intended) < the attention
 backends (``needs_cpu_seq_lens``, host lengths only) - except that a worker speaks for
 itself, not for the backends: its ``"exact"`` stands where they opt out (and under
-what upstream forces, which it agrees with), and its
-``"reserved"``/``"none"`` is refused where one reads host lengths - < what upstream forces (NGRAM and
-two-batch overlap: exact host lengths, which nothing below may lift) < the environment
+what upstream forces, which it agrees with), and its ``"reserved"``/``"none"`` is refused
+where one reads host lengths - < what upstream forces (NGRAM and two-batch overlap: exact
+host lengths, which nothing below may lift) < the environment
 (``SPEC_FUSED_WAR_BARRIER``, ``SPEC_FUSED_HOST_SEQ_LENS``; a host-length override that
 is not safe for the configuration is refused and recorded in ``refused``). Then
 :func:`establish` holds every claim that still comes from the table to the installed
@@ -29,8 +29,9 @@ lengths are left out only where upstream leaves them out too.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Iterable, Literal, Mapping, Optional, cast
+from typing import Literal, Optional, cast
 
 from spec_fused import settings, upstream
 
@@ -72,7 +73,8 @@ class SpecCaps:
     def __post_init__(self):
         if self.host_seq_lens not in HOST_SEQ_LENS_VALUES:
             raise ValueError(
-                f"host_seq_lens must be one of {HOST_SEQ_LENS_VALUES}, got {self.host_seq_lens!r}")
+                f"host_seq_lens must be one of {HOST_SEQ_LENS_VALUES}, got {self.host_seq_lens!r}"
+            )
         if not isinstance(self.needs_war_barrier, bool):
             raise TypeError("needs_war_barrier must be a bool")
         for source in (self.barrier_source, self.host_source):
@@ -95,16 +97,18 @@ class SpecCaps:
         if barrier == host:
             text = f"{barrier} [{self.source}]"
         else:
-            text = (f"barrier ({self.barrier_source}): {barrier}; host lengths "
-                    f"({self.host_source}): {host}")
+            text = (
+                f"barrier ({self.barrier_source}): {barrier}; host lengths "
+                f"({self.host_source}): {host}"
+            )
         if self.refused:
             text += "; refused: " + "; ".join(self.refused)
         return text
 
-    def with_barrier(self, value: bool, source: str, why: str) -> "SpecCaps":
+    def with_barrier(self, value: bool, source: str, why: str) -> SpecCaps:
         return replace(self, needs_war_barrier=value, barrier_source=source, barrier_reason=why)
 
-    def with_host(self, value: HostSeqLens, source: str, why: str) -> "SpecCaps":
+    def with_host(self, value: HostSeqLens, source: str, why: str) -> SpecCaps:
         return replace(self, host_seq_lens=value, host_source=source, host_reason=why)
 
 
@@ -117,17 +121,21 @@ _TABLE: dict[str, SpecCaps] = {
     # installed worker (0.5.14 fenced with verify_done; 0.5.15+ dropped the fence, so
     # there the barrier stays and only the host-length half applies).
     "DFLASH": SpecCaps(
-        False, "reserved",
+        False,
+        "reserved",
         "plans verify/draft KV from its reserved allocation (nxt_kv_lens_cpu; "
         "reserved_seq_lens_cpu up to 0.5.18) when seq_lens_cpu is None "
-        "(dflash_worker_v2.py); exempt from the WAR barrier before PR #29232"),
+        "(dflash_worker_v2.py); exempt from the WAR barrier before PR #29232",
+    ),
     # DSPARK reuses DFlashDraftInputV2's bound when seq_lens_cpu is None, but its compact
     # KV inject reads req_to_token after verify's read-done (dspark_kv_inject.py) and its
     # ragged-verify confidence relay is gated on publish_ready: kept on upstream's path.
     "DSPARK": SpecCaps(
-        True, "exact",
+        True,
+        "exact",
         "dflash family, but its KV inject reads req_to_token after verify's read-done and "
-        "its confidence relay gates on publish_ready: upstream's default kept"),
+        "its confidence relay gates on publish_ready: upstream's default kept",
+    ),
     # UNO has its own reserved_seq_lens_cpu bound (uno_info.py) but was never exempted
     # from the barrier and its bound is not probed here: upstream's default kept.
     "UNO": SpecCaps(True, "exact", "never exempted; its reserved bound is not verified here"),
@@ -138,16 +146,20 @@ _TABLE: dict[str, SpecCaps] = {
     "STANDALONE": SpecCaps(True, "exact", "runs the EAGLE v2 verify path; " + _SAFE),
     # Upstream's decide_needs_cpu_seq_lens forces host lengths for NGRAM on any backend.
     "NGRAM": SpecCaps(
-        True, "exact",
+        True,
+        "exact",
         "USE_FULL_MASK verify sizes the tree mask from seq_lens_cpu on any backend "
-        "(upstream forces host lengths for NGRAM)", host_source="forced"),
+        "(upstream forces host lengths for NGRAM)",
+        host_source="forced",
+    ),
     "NONE": SpecCaps(True, "exact", "non-speculative overlap: no length relay to fuse"),
 }
 _REGISTERED: dict[str, SpecCaps] = {}
 
 
 def algorithm_name(algorithm) -> str:
-    """``SpeculativeAlgorithm.DFLASH``, a plugin ``CustomSpecAlgo`` or ``"dflash"`` -> ``"DFLASH"``."""
+    """``SpeculativeAlgorithm.DFLASH``, a plugin ``CustomSpecAlgo`` or ``"dflash"``:
+    ``"DFLASH"``."""
     if algorithm is None:
         return "NONE"
     if isinstance(algorithm, str):
@@ -182,8 +194,10 @@ def register_caps(name: str, caps: SpecCaps) -> None:
     if not isinstance(caps, SpecCaps):
         raise TypeError("caps must be a SpecCaps")
     _REGISTERED[algorithm_name(name)] = replace(
-        caps, barrier_source="worker" if caps.barrier_source == "table" else caps.barrier_source,
-        host_source="worker" if caps.host_source == "table" else caps.host_source)
+        caps,
+        barrier_source="worker" if caps.barrier_source == "table" else caps.barrier_source,
+        host_source="worker" if caps.host_source == "table" else caps.host_source,
+    )
 
 
 def _table_caps(name: str) -> SpecCaps:
@@ -194,7 +208,8 @@ def _table_caps(name: str) -> SpecCaps:
     raise KeyError(
         f"no capabilities for speculative algorithm {name!r}; known: "
         f"{', '.join(sorted(set(_TABLE) | set(_REGISTERED)))}. Plugin algorithms declare "
-        f"theirs with spec_fused.caps.register_caps(name, SpecCaps(...))")
+        f"theirs with spec_fused.caps.register_caps(name, SpecCaps(...))"
+    )
 
 
 def _parse_bool_env(env: Mapping[str, str], key: str) -> Optional[bool]:
@@ -214,7 +229,8 @@ def _parse_host_env(env: Mapping[str, str]) -> Optional[HostSeqLens]:
         return cast(HostSeqLens, raw.lower())
     raise ValueError(
         f"{ENV_HOST_SEQ_LENS}={raw!r} is not valid; allowed values: "
-        f"{', '.join(HOST_SEQ_LENS_VALUES)}")
+        f"{', '.join(HOST_SEQ_LENS_VALUES)}"
+    )
 
 
 def _backends_need_host_lengths(attn_backends: Optional[Iterable]) -> Optional[bool]:
@@ -228,8 +244,9 @@ def _backends_need_host_lengths(attn_backends: Optional[Iterable]) -> Optional[b
     return any(getattr(b, "needs_cpu_seq_lens", True) for b in backends)
 
 
-def _unsafe_host_override(value: str, caps: SpecCaps, backends_need: Optional[bool]
-                          ) -> Optional[str]:
+def _unsafe_host_override(
+    value: str, caps: SpecCaps, backends_need: Optional[bool]
+) -> Optional[str]:
     """Why host lengths ``value`` (a worker's declaration, ``SPEC_FUSED_HOST_SEQ_LENS``)
     are not safe here, or None when they are.
     Exact host lengths are always safe; anything less only where upstream itself would
@@ -248,9 +265,14 @@ def _unsafe_host_override(value: str, caps: SpecCaps, backends_need: Optional[bo
     return None
 
 
-def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None,
-             env: Optional[Mapping[str, str]] = None,
-             two_batch_overlap: Optional[bool] = False) -> SpecCaps:
+def caps_for(
+    algorithm,
+    *,
+    worker=None,
+    attn_backends: Optional[Iterable] = None,
+    env: Optional[Mapping[str, str]] = None,
+    two_batch_overlap: Optional[bool] = False,
+) -> SpecCaps:
     """The relay capabilities of ``algorithm`` as declared by every layer (see the module
     docstring for the order). ``two_batch_overlap=None`` means it could not be told, and
     counts as on: exact host lengths, as upstream forces them under TBO."""
@@ -266,25 +288,35 @@ def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None
         # a forced "exact" (NGRAM) still lets the worker say it plans with exact lengths,
         # which then reach the batch whatever the backends need
         if isinstance(host, str) and (caps.host_source != "forced" or host == "exact"):
-            caps = caps.with_host(cast(HostSeqLens, host), "worker",  # the worker's word
-                                  f"{who}.host_seq_lens={host!r}")
+            caps = caps.with_host(
+                cast(HostSeqLens, host),
+                "worker",  # the worker's word
+                f"{who}.host_seq_lens={host!r}",
+            )
     if caps.host_source == "worker":
         # A worker (or a registered plugin algorithm) speaks for itself, not for the
         # attention backends: it cannot take away host lengths a backend reads - the
         # same rule as for SPEC_FUSED_HOST_SEQ_LENS.
         unsafe = _unsafe_host_override(caps.host_seq_lens, caps, backends_need)
         if unsafe is not None:
-            caps = replace(caps.with_host("exact", "backends", unsafe), refused=caps.refused + (
-                f"{caps.why_host()} for {name}: {unsafe}",))
+            caps = replace(
+                caps.with_host("exact", "backends", unsafe),
+                refused=caps.refused + (f"{caps.why_host()} for {name}: {unsafe}",),
+            )
     if backends_need is False and caps.host_source not in ("forced", "worker"):
-        caps = caps.with_host("none", "backends",
-                              "every attention backend sets needs_cpu_seq_lens=False")
-    if two_batch_overlap is not False and not (caps.host_source == "worker"
-                                               and caps.host_seq_lens == "exact"):
         caps = caps.with_host(
-            "exact", "forced",
+            "none", "backends", "every attention backend sets needs_cpu_seq_lens=False"
+        )
+    if two_batch_overlap is not False and not (
+        caps.host_source == "worker" and caps.host_seq_lens == "exact"
+    ):
+        caps = caps.with_host(
+            "exact",
+            "forced",
             "two-batch overlap splits batches on host lengths (upstream forces them)"
-            if two_batch_overlap else "two-batch overlap could not be ruled out")
+            if two_batch_overlap
+            else "two-batch overlap could not be ruled out",
+        )
     env = settings.source(env)
     barrier = _parse_bool_env(env, ENV_WAR_BARRIER)
     host = _parse_host_env(env)
@@ -295,8 +327,9 @@ def caps_for(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None
         if unsafe is None:
             caps = caps.with_host(host, "env", f"{ENV_HOST_SEQ_LENS}={host}")
         else:
-            caps = replace(caps, refused=caps.refused + (
-                f"{ENV_HOST_SEQ_LENS}={host} for {name}: {unsafe}",))
+            caps = replace(
+                caps, refused=caps.refused + (f"{ENV_HOST_SEQ_LENS}={host} for {name}: {unsafe}",)
+            )
     return caps
 
 
@@ -315,29 +348,52 @@ def establish(caps: SpecCaps, algorithm) -> SpecCaps:
       made the claim ``none``. Where a backend reads host lengths, upstream gives exact
       ones (the worker plans with committed + one verify block), and so does this."""
     name = algorithm_name(algorithm)
-    if caps.barrier_source == "table" and not caps.needs_war_barrier \
-            and not upstream.fences_own_shared_writes(name):
-        caps = caps.with_barrier(True, "installed",
-                                 "WAR barrier kept: the installed worker does not fence its "
-                                 "own req_to_token writes (no verify_done)")
+    if (
+        caps.barrier_source == "table"
+        and not caps.needs_war_barrier
+        and not upstream.fences_own_shared_writes(name)
+    ):
+        caps = caps.with_barrier(
+            True,
+            "installed",
+            "WAR barrier kept: the installed worker does not fence its "
+            "own req_to_token writes (no verify_done)",
+        )
     if caps.host_source == "table" and caps.host_seq_lens == "reserved":
         bound = upstream.plans_with_reserved_bound(name)
-        caps = caps.with_host("exact", "installed",
-                              "exact host lengths: the installed worker plans with its "
-                              "reserved bound only where every attention backend opts out "
-                              "of host lengths" if bound else "exact host lengths: the "
-                              "installed worker does not plan with a reserved bound")
+        caps = caps.with_host(
+            "exact",
+            "installed",
+            "exact host lengths: the installed worker plans with its "
+            "reserved bound only where every attention backend opts out "
+            "of host lengths"
+            if bound
+            else "exact host lengths: the installed worker does not plan with a reserved bound",
+        )
     return caps
 
 
-def decide(algorithm, *, worker=None, attn_backends: Optional[Iterable] = None,
-           env: Optional[Mapping[str, str]] = None,
-           two_batch_overlap: Optional[bool] = False) -> SpecCaps:
+def decide(
+    algorithm,
+    *,
+    worker=None,
+    attn_backends: Optional[Iterable] = None,
+    env: Optional[Mapping[str, str]] = None,
+    two_batch_overlap: Optional[bool] = False,
+) -> SpecCaps:
     """What production runs: :func:`caps_for` held to the installed worker by
     :func:`establish`. The scheduler patch, the relay, the benchmarks and ``doctor`` all
     take their decision from here."""
-    return establish(caps_for(algorithm, worker=worker, attn_backends=attn_backends, env=env,
-                              two_batch_overlap=two_batch_overlap), algorithm)
+    return establish(
+        caps_for(
+            algorithm,
+            worker=worker,
+            attn_backends=attn_backends,
+            env=env,
+            two_batch_overlap=two_batch_overlap,
+        ),
+        algorithm,
+    )
 
 
 def select_variant(caps: SpecCaps) -> Variant:
@@ -351,8 +407,12 @@ def select_variant(caps: SpecCaps) -> Variant:
     return "war_guarded"
 
 
-def describe(env: Optional[Mapping[str, str]] = None, *, attn_backends=None,
-             two_batch_overlap: Optional[bool] = False) -> list[dict]:
+def describe(
+    env: Optional[Mapping[str, str]] = None,
+    *,
+    attn_backends=None,
+    two_batch_overlap: Optional[bool] = False,
+) -> list[dict]:
     """The capability table, as declared and as established against the installed SGLang,
     with the chosen variant for every known algorithm (``spec-fused doctor``)."""
     rows = []
@@ -360,21 +420,28 @@ def describe(env: Optional[Mapping[str, str]] = None, *, attn_backends=None,
     for name in known_algorithms():
         in_sglang = installed is None or name in installed or name in _REGISTERED
         try:
-            declared = caps_for(name, env=env, attn_backends=attn_backends,
-                                two_batch_overlap=two_batch_overlap)
+            declared = caps_for(
+                name, env=env, attn_backends=attn_backends, two_batch_overlap=two_batch_overlap
+            )
         except (KeyError, ValueError) as exc:
-            rows.append({"algorithm": name, "error": str(exc).strip('"'),
-                         "in_sglang": in_sglang})
+            rows.append({"algorithm": name, "error": str(exc).strip('"'), "in_sglang": in_sglang})
             continue
         caps = establish(declared, name)
         reason = caps.explain()
         if not in_sglang:
             reason = f"not in the installed SGLang; {reason}"
-        rows.append({"algorithm": name, "needs_war_barrier": caps.needs_war_barrier,
-                     "host_seq_lens": caps.host_seq_lens, "variant": select_variant(caps),
-                     "declared": f"{declared.needs_war_barrier}/{declared.host_seq_lens}",
-                     "barrier_source": caps.barrier_source,
-                     "host_source": caps.host_source,
-                     "refused": list(caps.refused),
-                     "reason": reason, "in_sglang": in_sglang})
+        rows.append(
+            {
+                "algorithm": name,
+                "needs_war_barrier": caps.needs_war_barrier,
+                "host_seq_lens": caps.host_seq_lens,
+                "variant": select_variant(caps),
+                "declared": f"{declared.needs_war_barrier}/{declared.host_seq_lens}",
+                "barrier_source": caps.barrier_source,
+                "host_source": caps.host_source,
+                "refused": list(caps.refused),
+                "reason": reason,
+                "in_sglang": in_sglang,
+            }
+        )
     return rows

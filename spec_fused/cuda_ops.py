@@ -24,12 +24,13 @@ def unsupported_device(device) -> Optional[str]:
         return None
     if device.type == "cuda":
         if getattr(torch.version, "hip", None):
-            return ("ROCm (HIP): upstream takes HIP-only branches here (publish_ready."
-                    "synchronize(), the stream_ordered resolve) that spec_fused does not "
-                    "reproduce")
+            return (
+                "ROCm (HIP): upstream takes HIP-only branches here (publish_ready."
+                "synchronize(), the stream_ordered resolve) that spec_fused does not "
+                "reproduce"
+            )
         return None
-    return (f"{device.type}: spec_fused's ordering was only ever run on NVIDIA CUDA and "
-            f"CPU")
+    return f"{device.type}: spec_fused's ordering was only ever run on NVIDIA CUDA and CPU"
 
 
 class CudaOps:

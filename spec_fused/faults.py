@@ -37,8 +37,11 @@ STICKY_CODES = {
     719: "unspecified launch failure",
 }
 _STICKY_TEXT = re.compile(
-    r"(CUDA error|Triton Error \[CUDA\]|CUDA driver error)[^:]*:\s*(" +
-    "|".join(re.escape(text) for text in STICKY_CODES.values()) + ")", re.IGNORECASE)
+    r"(CUDA error|Triton Error \[CUDA\]|CUDA driver error)[^:]*:\s*("
+    + "|".join(re.escape(text) for text in STICKY_CODES.values())
+    + ")",
+    re.IGNORECASE,
+)
 _NOTED = "_spec_fused_sticky_noted"
 
 
@@ -62,8 +65,9 @@ def is_sticky_fault(exc: BaseException) -> bool:
     return False
 
 
-def raise_if_sticky(exc: BaseException, where: str,
-                    logger: Optional[logging.Logger] = None) -> None:
+def raise_if_sticky(
+    exc: BaseException, where: str, logger: Optional[logging.Logger] = None
+) -> None:
     """Re-raise ``exc`` if it is a sticky device fault, noting spec_fused, ``where`` (the
     step it surfaced in) and ``SPEC_FUSED_DISABLE=1``; return otherwise. Noted once: an
     outer handler that sees the same exception re-raises it as it is."""
@@ -75,12 +79,13 @@ def raise_if_sticky(exc: BaseException, where: str,
 def _escape(exc: BaseException, where: str, logger: Optional[logging.Logger]) -> NoReturn:
     if getattr(exc, _NOTED, False):
         raise exc
-    note = (f"spec_fused: a sticky device fault surfaced in {where}. The CUDA context is "
-            f"unusable for the rest of this process (SGLang's own path could not run on it "
-            f"either), so spec_fused does not fall back. To serve without spec_fused, "
-            f"restart with SPEC_FUSED_DISABLE=1, and report this error to spec_fused.")
-    (logger or logging.getLogger("spec_fused")).error("%s (%s: %s)", note,
-                                                      type(exc).__name__, exc)
+    note = (
+        f"spec_fused: a sticky device fault surfaced in {where}. The CUDA context is "
+        f"unusable for the rest of this process (SGLang's own path could not run on it "
+        f"either), so spec_fused does not fall back. To serve without spec_fused, "
+        f"restart with SPEC_FUSED_DISABLE=1, and report this error to spec_fused."
+    )
+    (logger or logging.getLogger("spec_fused")).error("%s (%s: %s)", note, type(exc).__name__, exc)
     try:
         setattr(exc, _NOTED, True)
     except Exception:  # pragma: no cover - an exception type that refuses attributes

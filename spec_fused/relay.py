@@ -53,13 +53,18 @@ DISABLED_ATTR = "_spec_fused_disabled"  # a relay handed back to SGLang, kept fo
 CAPS_ATTR = "_spec_fused_caps"  # set by the scheduler patch, which knows worker + backends
 BUF_ATTR = "new_seq_lens_buf"
 
-live_relays: "weakref.WeakSet[FusedRelay]" = weakref.WeakSet()  # for remove() to land what is pending
+live_relays: weakref.WeakSet[FusedRelay] = weakref.WeakSet()  # for remove() to land what is pending
 # What is the caller's fault (bad input, raised before anything is written) or a caught
 # bug (SGLang's own debug assertions, the consume-once and stamp checks): raised to the
 # caller, never a reason to change backend. Anything else a launch raises - Triton's
 # launcher raises ValueError/TypeError for its own failures too - is the backend's.
-NOT_A_BACKEND_FAILURE = (InputError, InputTypeError, AssertionError, PoisonedSlotError,
-                         StaleHostMirrorError)
+NOT_A_BACKEND_FAILURE = (
+    InputError,
+    InputTypeError,
+    AssertionError,
+    PoisonedSlotError,
+    StaleHostMirrorError,
+)
 
 
 class HandToSGLang(Exception):
@@ -81,11 +86,18 @@ def future_map_caps(fm, *, worker=None, server_args=None) -> SpecCaps:
     that were refused are logged here, once each."""
     tbo, how = upstream.two_batch_overlap(server_args)
     if tbo is None:
-        log_once(("tbo-unknown", how), "cannot tell whether two-batch overlap is on (%s); "
-                 "exact host lengths, as upstream gives them under it", how)
-    caps = decide(fm.spec_algo, worker=worker,
-                  attn_backends=[BackendsDecision(bool(fm.needs_cpu_seq_lens))],
-                  two_batch_overlap=tbo)
+        log_once(
+            ("tbo-unknown", how),
+            "cannot tell whether two-batch overlap is on (%s); "
+            "exact host lengths, as upstream gives them under it",
+            how,
+        )
+    caps = decide(
+        fm.spec_algo,
+        worker=worker,
+        attn_backends=[BackendsDecision(bool(fm.needs_cpu_seq_lens))],
+        two_batch_overlap=tbo,
+    )
     for refused in caps.refused:
         log_once(("refused", refused), "override refused: %s", refused)
     return caps
@@ -123,13 +135,22 @@ class FusedRelay:
         # lengths are SGLang's (see :meth:`resolve`) and nothing is pinned.
         self.pinned_ok = not (self.on_cuda and confidential_compute())
         if not self.pinned_ok:
-            log_once("cc", "Confidential Computing (SGLang's own check): exact host lengths "
-                     "come from SGLang's resolve; the fused launch serves the GPU-only steps",
-                     level=logging.INFO)
+            log_once(
+                "cc",
+                "Confidential Computing (SGLang's own check): exact host lengths "
+                "come from SGLang's resolve; the fused launch serves the GPU-only steps",
+                level=logging.INFO,
+            )
         # On CPU the lengths are host lengths already: a step needs their sum, no mirror.
-        self.launcher = StepLauncher(buf, poison=debug, validate=debug, debug=debug,
-                                      backend=backend, pinned=self.pinned_ok,
-                                      mirror=self.on_cuda)
+        self.launcher = StepLauncher(
+            buf,
+            poison=debug,
+            validate=debug,
+            debug=debug,
+            backend=backend,
+            pinned=self.pinned_ok,
+            mirror=self.on_cuda,
+        )
         self.set_caps(caps)
         self.pending: Optional[tuple] = None  # (indices, values) not yet in the buffer
         self.landed: Optional[tuple] = None  # the last consumed publish (see the class doc)
@@ -137,8 +158,9 @@ class FusedRelay:
         # 0.5.23's FutureMap arms a consume-once flag on publish; 0.5.15's has none.
         self.consume_once_flag = "_publish_fresh" in future_map.__dict__
         # 0.5.23's FutureRelayBuffers (a captured verify graph scatters itself).
-        self.has_relay_buffers = hasattr(type(future_map), "_relay") or \
-            "_relay" in future_map.__dict__
+        self.has_relay_buffers = (
+            hasattr(type(future_map), "_relay") or "_relay" in future_map.__dict__
+        )
         self.relay_stream: Any = None
         self.done_event: Any = None
         self.relay_stream_ctx: Any = None
@@ -192,12 +214,15 @@ class FusedRelay:
             self.land_with_torch()
             raise exc
         raise_if_sticky(exc, self.step_name("launch"), logger)
-        if isinstance(exc, NOT_A_BACKEND_FAILURE) or \
-                self.launcher.backend in ("reference", "null"):
+        if isinstance(exc, NOT_A_BACKEND_FAILURE) or self.launcher.backend in ("reference", "null"):
             raise exc
-        log_once(("kernel", self.device.type, type(exc).__name__),
-                 "fused kernel failed on %s (%s: %s); falling back to the torch reference",
-                 self.device, type(exc).__name__, exc)
+        log_once(
+            ("kernel", self.device.type, type(exc).__name__),
+            "fused kernel failed on %s (%s: %s); falling back to the torch reference",
+            self.device,
+            type(exc).__name__,
+            exc,
+        )
         self.launcher.backend = "reference"
         self._bind_launch()
         return self._launch(gi, pi, pv, host)
@@ -206,8 +231,10 @@ class FusedRelay:
         """Which step a failure surfaced in, for the one line that names it."""
         fm = self.future_map_ref()
         algo = getattr(getattr(fm, "spec_algo", None), "name", "?")
-        return (f"spec_fused's fused {what} (relay step {self.launcher.step}, {algo}, "
-                f"{self.variant}, kernel: {self.launcher.backend}, device {self.device})")
+        return (
+            f"spec_fused's fused {what} (relay step {self.launcher.step}, {algo}, "
+            f"{self.variant}, kernel: {self.launcher.backend}, device {self.device})"
+        )
 
     def _check_streams(self, fm, cur) -> None:
         """Before the private stream first runs work for a caller's stream ``cur``: it
@@ -271,17 +298,22 @@ class FusedRelay:
         this launcher has not launched before (nothing may compile inside a capture),
         the publish is SGLang's own. (SGLang 0.5.23 never publishes under capture.)"""
         if self.pending is not None:
-            log_once("capture-pending", "a publish pending when CUDA-graph capture began was "
-                     "landed outside the capture")
+            log_once(
+                "capture-pending",
+                "a publish pending when CUDA-graph capture began was landed outside the capture",
+            )
             self.land_pending(fence=False)
         empty = self.launcher.buf[:0]
         ready = self.capture_ready
         if ready is None or not self.launcher.has_launched(empty, indices, new_seq_lens, False):
-            log_once(("capture-sglang", ready is None),
-                     "a publish under CUDA-graph capture is SGLang's own (%s)",
-                     "this torch has no external events" if ready is None else
-                     "its launch specialization was not compiled before the capture",
-                     level=logging.INFO)
+            log_once(
+                ("capture-sglang", ready is None),
+                "a publish under CUDA-graph capture is SGLang's own (%s)",
+                "this torch has no external events"
+                if ready is None
+                else "its launch specialization was not compiled before the capture",
+                level=logging.INFO,
+            )
             raise HandToSGLang("publish under capture")
         try:
             self._launch(empty, indices, new_seq_lens, False)
@@ -346,13 +378,21 @@ class FusedRelay:
         forward), with no publish yet, or under Confidential Computing. What is pending
         lands first, gated on ``publish_ready`` only; SGLang's resolve then waits for
         ``publish_ready``, as upstream does - never for the forward's reads."""
-        why = ("Confidential Computing" if not self.pinned_ok else
-               "no publish yet" if event is None else
-               "the batch has no host indices matching future_indices")
+        why = (
+            "Confidential Computing"
+            if not self.pinned_ok
+            else "no publish yet"
+            if event is None
+            else "the batch has no host indices matching future_indices"
+        )
         self.land_pending()
         if self.pinned_ok:  # under CC the relay said so once, when it was made
-            log_once(("hand-back", why), "exact host lengths with %s: SGLang's own resolve "
-                     "runs such steps", why, level=logging.INFO)
+            log_once(
+                ("hand-back", why),
+                "exact host lengths with %s: SGLang's own resolve runs such steps",
+                why,
+                level=logging.INFO,
+            )
         raise HandToSGLang(why)
 
     def _resolve_exact_cuda(self, fm, batch, gather, event) -> None:
@@ -386,8 +426,7 @@ class FusedRelay:
         wait()  # the host waits for this launch only
         batch.seq_lens = out
         if out.numel():
-            batch.seq_lens_cpu, batch.seq_lens_sum = self._read_host(
-                self.launcher.stamp, out, wait)
+            batch.seq_lens_cpu, batch.seq_lens_sum = self._read_host(self.launcher.stamp, out, wait)
         else:
             batch.seq_lens_cpu, batch.seq_lens_sum = torch.empty(0, dtype=torch.int64), 0
 
@@ -398,8 +437,7 @@ class FusedRelay:
             if self.debug:
                 raise
             # Release: never an older step's lengths. Read this step's from the device.
-            log_once(("stale", exc.cause), "%s; reading this step's lengths from the device",
-                     exc)
+            log_once(("stale", exc.cause), "%s; reading this step's lengths from the device", exc)
             lens = out.cpu()
             return lens, int(lens.sum())
 
@@ -409,8 +447,13 @@ class FusedRelay:
         lets the launch wait for the publish only, not for the schedule stream, which
         already holds the WAR barrier on the previous forward (for EAGLE, all of it)."""
         host = getattr(batch, "req_pool_indices_cpu", None)
-        if not isinstance(host, torch.Tensor) or host.device.type != "cpu" \
-                or host.dim() != 1 or host.shape[0] != fi.shape[0] or host.is_floating_point():
+        if (
+            not isinstance(host, torch.Tensor)
+            or host.device.type != "cpu"
+            or host.dim() != 1
+            or host.shape[0] != fi.shape[0]
+            or host.is_floating_point()
+        ):
             return None
         # Safe to overwrite: the host waited for the previous launch that read it.
         view = self.launcher.stage_host_indices(host)
@@ -496,8 +539,12 @@ class FusedRelay:
                 fm.publish_ready.record()
         except Exception as exc:
             raise_if_sticky(exc, self.step_name("landing of a pending publish"), logger)
-            log_once(("unlandable", type(exc).__name__),
-                     "a publish that cannot land was dropped (%s: %s)", type(exc).__name__, exc)
+            log_once(
+                ("unlandable", type(exc).__name__),
+                "a publish that cannot land was dropped (%s: %s)",
+                type(exc).__name__,
+                exc,
+            )
 
     def fence_current_stream(self) -> None:
         """Order the caller's stream after ``publish_ready`` on the device (no host wait),
@@ -534,17 +581,21 @@ def relay_for(fm) -> Optional[FusedRelay]:
         if not fm.spec_algo.is_some():
             return None
         if getattr(fm, "needs_confidence_relay", False):
-            log_once("confidence", "the confidence relay (DSPARK ragged verify) gates its own "
-                     "D2H on publish_ready; SGLang's relay runs for this FutureMap",
-                     level=logging.INFO)
+            log_once(
+                "confidence",
+                "the confidence relay (DSPARK ragged verify) gates its own "
+                "D2H on publish_ready; SGLang's relay runs for this FutureMap",
+                level=logging.INFO,
+            )
             return None
         for attr in (BUF_ATTR, "needs_cpu_seq_lens", "publish_ready", "spec_algo"):
             if not hasattr(fm, attr):
                 raise AttributeError(f"FutureMap has no attribute {attr!r}")
         unsupported = not_relayed_on(d[BUF_ATTR].device)
         if unsupported is not None:
-            log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
-                     unsupported)
+            log_once(
+                ("device", unsupported), "not relaying on %s; SGLang's relay runs", unsupported
+            )
             return None
         caps = d.get(CAPS_ATTR) or future_map_caps(fm)
         debug = debug_enabled()
@@ -554,18 +605,26 @@ def relay_for(fm) -> Optional[FusedRelay]:
         return None
     except Exception as exc:
         raise_if_sticky(exc, "spec_fused's relay set-up for a FutureMap", logger)
-        log_once(("init", type(exc).__name__, str(exc)),
-                 "cannot relay this FutureMap (%s: %s); SGLang's relay runs",
-                 type(exc).__name__, exc)
+        log_once(
+            ("init", type(exc).__name__, str(exc)),
+            "cannot relay this FutureMap (%s: %s); SGLang's relay runs",
+            type(exc).__name__,
+            exc,
+        )
         return None
     if debug and not sglang_tracks_seq_lens() and getattr(fm, "_relay", None) is None:
         d[BUF_ATTR].fill_(-1)  # poisoned init, as upstream's debug mode
     d[RELAY_ATTR] = relay
     _warn_ignored_force_backend(relay)
-    log_once(("variant", relay.variant, relay.host_seq_lens, str(relay.device)),
-             "relaying %s lengths with the fused %s variant (host lengths: %s, kernel: %s)",
-             getattr(fm.spec_algo, "name", fm.spec_algo), relay.variant, relay.host_seq_lens,
-             relay.launcher.backend, level=logging.INFO)
+    log_once(
+        ("variant", relay.variant, relay.host_seq_lens, str(relay.device)),
+        "relaying %s lengths with the fused %s variant (host lengths: %s, kernel: %s)",
+        getattr(fm.spec_algo, "name", fm.spec_algo),
+        relay.variant,
+        relay.host_seq_lens,
+        relay.launcher.backend,
+        level=logging.INFO,
+    )
     return relay
 
 

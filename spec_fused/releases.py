@@ -40,7 +40,8 @@ _VERSION = re.compile(
     r"(?:(a|b|rc)(\d+))?"
     r"(?:\.post(\d+))?"
     r"(?:\.dev(\d+))?"
-    r"(?:\+[\w.]+)?$")
+    r"(?:\+[\w.]+)?$"
+)
 
 
 def parse(version: str) -> Optional[tuple]:
@@ -59,8 +60,14 @@ def parse(version: str) -> Optional[tuple]:
         pre = (-2, 0, 0)
     else:
         pre = (0, 0, 0)
-    return (int(major), int(minor), int(micro), pre, int(post) if post else -1,
-            int(dev) if dev is not None else float("inf"))
+    return (
+        int(major),
+        int(minor),
+        int(micro),
+        pre,
+        int(post) if post else -1,
+        int(dev) if dev is not None else float("inf"),
+    )
 
 
 class SupportStatus:
@@ -86,15 +93,23 @@ def support_status(version: str, releases=TESTED_RELEASES) -> SupportStatus:
     lo, hi = min(tested), max(tested)
     span = f"{tested[lo]} to {tested[hi]}"
     if key is None:
-        return SupportStatus(version, "unknown",
-                             f"SGLang {version!r} is not a release version spec_fused knows "
-                             f"how to compare (tested: {span}); its code decides")
+        return SupportStatus(
+            version,
+            "unknown",
+            f"SGLang {version!r} is not a release version spec_fused knows "
+            f"how to compare (tested: {span}); its code decides",
+        )
     if key in tested:
         return SupportStatus(version, "tested", f"SGLang {version} is a tested release")
     if key < lo:
-        return SupportStatus(version, "older",
-                             f"SGLang {version} is older than the releases spec_fused "
-                             f"supports ({span}): it predates the shared relay it patches")
-    return SupportStatus(version, "unlisted",
-                         f"SGLang {version} is not a listed release (tested: {span}); its "
-                         f"code decides")
+        return SupportStatus(
+            version,
+            "older",
+            f"SGLang {version} is older than the releases spec_fused "
+            f"supports ({span}): it predates the shared relay it patches",
+        )
+    return SupportStatus(
+        version,
+        "unlisted",
+        f"SGLang {version} is not a listed release (tested: {span}); its code decides",
+    )

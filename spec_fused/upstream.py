@@ -61,10 +61,12 @@ def _dflash_plans_with_reserved_bound() -> bool:
     info = module_source("sglang.srt.speculative.dflash_info_v2") or ""
     if "batch.seq_lens_cpu is not None" not in worker:
         return False
-    return any(f"{field}: Optional" in info
-               and worker.count(f"elif draft_input.{field} is not None") >= 2
-               and f"seq_lens_cpu.copy_(draft_input.{field})" in worker
-               for field in DFLASH_BOUND_FIELDS)
+    return any(
+        f"{field}: Optional" in info
+        and worker.count(f"elif draft_input.{field} is not None") >= 2
+        and f"seq_lens_cpu.copy_(draft_input.{field})" in worker
+        for field in DFLASH_BOUND_FIELDS
+    )
 
 
 def _dflash_fences_own_shared_writes() -> bool:
@@ -144,8 +146,11 @@ def two_batch_overlap(server_args=None) -> tuple[Optional[bool], str]:
         if isinstance(value, bool):
             return value, form
         return None, f"{form} is {value!r}"
-    return None, "this SGLang's decide_needs_cpu_seq_lens reads two-batch overlap in a " \
-                 "way spec_fused does not know"
+    return (
+        None,
+        "this SGLang's decide_needs_cpu_seq_lens reads two-batch overlap in a "
+        "way spec_fused does not know",
+    )
 
 
 def _global_server_args():
@@ -188,7 +193,8 @@ def sglang_poisons_seq_lens() -> bool:
         from sglang.srt.managers import overlap_utils
 
         return "self.new_seq_lens_buf = torch.full(" in inspect.getsource(
-            overlap_utils.FutureMap.__init__)
+            overlap_utils.FutureMap.__init__
+        )
     except Exception:
         return False
 

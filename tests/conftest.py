@@ -25,16 +25,25 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 
 settings.register_profile(
-    "fast", max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+    "fast", max_examples=20, deadline=None, suppress_health_check=list(HealthCheck)
+)
 # CI's profile: more examples, derandomized so a landing never hinges on luck; the fast
 # profile stays random, so everyday runs keep exploring.
 settings.register_profile(
-    "full", max_examples=300, deadline=None, derandomize=True,
-    suppress_health_check=list(HealthCheck))
+    "full",
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
 # The compat tier's profile: the same properties on every release, a few cases each.
 settings.register_profile(
-    "compat", max_examples=8, deadline=None, derandomize=True,
-    suppress_health_check=list(HealthCheck))
+    "compat",
+    max_examples=8,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+)
 settings.load_profile(os.environ.get("SPEC_FUSED_HYPOTHESIS_PROFILE", "fast"))
 
 
@@ -79,8 +88,9 @@ def kernel_launches(monkeypatch):
             counter.direct += 1
             return direct(*args)
 
-        return launcher_mod.BoundKernel(counted, bound.function, bound.metadata,
-                                        bound.compiled), why
+        return launcher_mod.BoundKernel(
+            counted, bound.function, bound.metadata, bound.compiled
+        ), why
 
     monkeypatch.setattr(launcher_mod, "bind", bind)
     return counter

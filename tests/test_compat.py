@@ -31,8 +31,9 @@ def test_the_installed_release_is_tested_or_refused():
     print(f"SGLang under test: {VERSION}")
     assert VERSION is not None
     if IN_RANGE:
-        assert VERSION in TESTED_RELEASES and VERSION in RELEASES, \
+        assert VERSION in TESTED_RELEASES and VERSION in RELEASES, (
             f"SGLang {VERSION} is in the range but not a tested release with expectations"
+        )
     else:
         assert STATUS.kind == "older", STATUS.message
 
@@ -99,8 +100,9 @@ def test_future_map_features_are_the_releases():
     assert ("_publish_fresh" in inspect.getsource(fm.__init__)) == want.consume_once
     assert ("confidence" in inspect.signature(fm.publish).parameters) == want.confidence
     assert ("resolve_mixed_spec_tails" in fm.__dict__) == want.mixed_tails
-    assert ("stream_ordered" in inspect.signature(fm.resolve_seq_lens_cpu).parameters) == \
-        want.stream_ordered
+    assert (
+        "stream_ordered" in inspect.signature(fm.resolve_seq_lens_cpu).parameters
+    ) == want.stream_ordered
     assert hasattr(overlap_utils, "FutureRelayBuffers") == want.relay_buffers
 
 
@@ -117,12 +119,14 @@ def test_the_facts_spec_fused_reads_are_the_releases():
     form = {"server_args": upstream.TBO_FROM_SERVER_ARGS, "exec": upstream.TBO_FROM_EXEC}
     assert upstream.tbo_accessor() == form[want.tbo_from]
     src = upstream.module_source("sglang.srt.managers.overlap_utils")
-    decide = src[src.index("def decide_needs_cpu_seq_lens"):]
-    decide = decide[:decide.index("\ndef ", 1)]
+    decide = src[src.index("def decide_needs_cpu_seq_lens") :]
+    decide = decide[: decide.index("\ndef ", 1)]
     assert "enable_two_batch_overlap" in decide and "is_ngram()" in decide
     scheduler = upstream.module_source("sglang.srt.managers.scheduler")
-    event = {"war_fastpath": "war_fastpath_read_done_event",
-             "shared_read": "shared_read_done_event"}[want.war_event]
+    event = {
+        "war_fastpath": "war_fastpath_read_done_event",
+        "shared_read": "shared_read_done_event",
+    }[want.war_event]
     assert event in scheduler
 
 

@@ -15,8 +15,19 @@ _spec.loader.exec_module(tier)
 
 
 def test_versions_sort_as_pep_440_says():
-    order = ["0.5.14", "0.5.15.dev1", "0.5.15rc1", "0.5.15", "0.5.15.post1", "0.5.16",
-             "0.5.23", "0.5.23.post1", "0.5.24rc1", "0.5.24", "0.6.0"]
+    order = [
+        "0.5.14",
+        "0.5.15.dev1",
+        "0.5.15rc1",
+        "0.5.15",
+        "0.5.15.post1",
+        "0.5.16",
+        "0.5.23",
+        "0.5.23.post1",
+        "0.5.24rc1",
+        "0.5.24",
+        "0.6.0",
+    ]
     assert sorted(order, key=parse) == order
     assert parse("0.5.23+cu130") == parse("0.5.23") and parse("nope") is None
     assert list(TESTED_RELEASES) == sorted(TESTED_RELEASES, key=parse)
@@ -30,11 +41,13 @@ def test_every_tested_release_has_an_expectation_row():
 
 def test_requires_reads_pins_and_ranges_but_not_markers(tmp_path):
     meta = tmp_path / "METADATA"
-    meta.write_text("Name: sglang\nRequires-Dist: transformers==5.12.1\n"
-                    "Requires-Dist: huggingface-hub<2.0,>=1.5.0\n"
-                    "Requires-Dist: xgrammar==0.2.1\n"
-                    "Requires-Dist: pytest; extra == \"test\"\n"
-                    "Requires-Dist: Tokenizers (<=0.23.0,>=0.22.0)\n")
+    meta.write_text(
+        "Name: sglang\nRequires-Dist: transformers==5.12.1\n"
+        "Requires-Dist: huggingface-hub<2.0,>=1.5.0\n"
+        "Requires-Dist: xgrammar==0.2.1\n"
+        'Requires-Dist: pytest; extra == "test"\n'
+        "Requires-Dist: Tokenizers (<=0.23.0,>=0.22.0)\n"
+    )
     got = tier._requires(meta)
     assert got["transformers"] == "==5.12.1" and got["xgrammar"] == "==0.2.1"
     assert got["huggingface-hub"] == "<2.0,>=1.5.0" and got["tokenizers"] == "<=0.23.0,>=0.22.0"
@@ -66,17 +79,31 @@ def test_columns_classify_pass_fail_and_skip(tmp_path):
 
 
 def _col(result):
-    return {"result": result, "passed": int(result == "pass"), "failed": 0, "skipped": 0,
-            "failed_tests": [], "skip_reasons": []}
+    return {
+        "result": result,
+        "passed": int(result == "pass"),
+        "failed": 0,
+        "skipped": 0,
+        "failed_tests": [],
+        "skip_reasons": [],
+    }
 
 
-@pytest.mark.parametrize("scheduler, below, ok", [
-    ("pass", False, True), ("skip", False, False), ("not run", False, False),
-    ("fail", False, False), ("n/a", True, True), ("skip", True, False)])
-def test_a_tested_release_needs_every_column_to_pass_the_scheduler_included(scheduler, below,
-                                                                           ok):
-    cols = {name: _col("n/a" if below and name != "apply/remove" else "pass")
-            for name in tier.COLUMNS}
+@pytest.mark.parametrize(
+    "scheduler, below, ok",
+    [
+        ("pass", False, True),
+        ("skip", False, False),
+        ("not run", False, False),
+        ("fail", False, False),
+        ("n/a", True, True),
+        ("skip", True, False),
+    ],
+)
+def test_a_tested_release_needs_every_column_to_pass_the_scheduler_included(scheduler, below, ok):
+    cols = {
+        name: _col("n/a" if below and name != "apply/remove" else "pass") for name in tier.COLUMNS
+    }
     cols["scheduler"] = _col(scheduler)
     assert tier.row_ok(cols, below) is ok
 
@@ -97,8 +124,9 @@ def test_table_renders_every_row_and_lands_between_the_markers(tmp_path):
 
 
 @pytest.mark.parametrize("subset", [False, True])
-def test_a_full_run_keeps_the_readme_in_step_with_the_results_it_writes(tmp_path, monkeypatch,
-                                                                       subset):
+def test_a_full_run_keeps_the_readme_in_step_with_the_results_it_writes(
+    tmp_path, monkeypatch, subset
+):
     """A second ./run.sh test must find README and results.json agreeing (the light tier
     checks that), so the full run renders what it wrote; a one-release run leaves both."""
     committed = json.loads((ROOT / "tests" / "compat" / "results.json").read_text())

@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 from spec_fused import log  # noqa: E402
 from spec_fused import relay as relay_mod  # noqa: E402
@@ -40,8 +42,15 @@ def patched():
 def test_compiled_kernel_matches_reference_across_sizes(kernel_launches):
     assert backend_mod.backend_for(DEV) == "triton"
     g = torch.Generator().manual_seed(0)
-    cases = [(1, 1, 1), (4096, 1, 0), (4096, 256, 256), (65536, 4096, 2048),
-             (1 << 20, 70000, 50000), (17, 0, 5), (100, 3000, 0)]
+    cases = [
+        (1, 1, 1),
+        (4096, 1, 0),
+        (4096, 256, 256),
+        (65536, 4096, 2048),
+        (1 << 20, 70000, 50000),
+        (17, 0, 5),
+        (100, 3000, 0),
+    ]
     for pool, n, m in cases:
         buf = torch.randint(0, 1 << 40, (pool,), generator=g)
         slots = torch.randperm(pool, generator=g)
@@ -63,8 +72,9 @@ def test_pinned_host_out_and_pinned_indices_are_read_and_written_zero_copy(kerne
     buf = torch.arange(1000, device=DEV)
     host = torch.full((4,), -1, dtype=torch.int64, pin_memory=True)
     host_idx = torch.tensor([5, 7, 999], dtype=torch.int64).pin_memory()
-    publish_gather(buf, host_idx, torch.tensor([7], device=DEV), torch.tensor([70], device=DEV),
-                   host_out=host)
+    publish_gather(
+        buf, host_idx, torch.tensor([7], device=DEV), torch.tensor([70], device=DEV), host_out=host
+    )
     torch.cuda.current_stream().synchronize()
     assert host.tolist() == [5, 70, 999, 1074] and kernel_launches.count == 1
     with pytest.raises(ValueError, match="pinned"):
@@ -77,8 +87,12 @@ def test_pinned_host_out_and_pinned_indices_are_read_and_written_zero_copy(kerne
 def test_poison_on_gpu_is_reported_after_a_sync():
     buf = torch.full((64,), -1, dtype=torch.int64, device=DEV)
     pg = StepLauncher(buf, poison=True)
-    pg.launch_checked(torch.tensor([1, 2], device=DEV), torch.tensor([1], device=DEV),
-                      torch.tensor([5], device=DEV), False)
+    pg.launch_checked(
+        torch.tensor([1, 2], device=DEV),
+        torch.tensor([1], device=DEV),
+        torch.tensor([5], device=DEV),
+        False,
+    )
     torch.cuda.synchronize()
     with pytest.raises(PoisonedSlotError) as info:
         pg.launch_checked(torch.tensor([3], device=DEV), None, None, False)
@@ -97,10 +111,12 @@ def test_the_canary_proves_the_direct_launch_here():
 
 def test_bound_direct_launch_matches_the_reference_one_launch_per_step(kernel_launches):
     g = torch.Generator().manual_seed(5)
-    for pool, n, m, host, vdtype in [(4096, 1, 1, False, torch.int64),
-                                     (4096, 256, 256, True, torch.int32),
-                                     (65536, 1024, 1100, True, torch.int64),
-                                     (4096, 3000, 0, False, torch.int64)]:
+    for pool, n, m, host, vdtype in [
+        (4096, 1, 1, False, torch.int64),
+        (4096, 256, 256, True, torch.int32),
+        (65536, 1024, 1100, True, torch.int64),
+        (4096, 3000, 0, False, torch.int64),
+    ]:
         buf = torch.randint(0, 1 << 40, (pool,), generator=g)
         ref = buf.clone()
         pg = StepLauncher(buf.to(DEV))
@@ -112,8 +128,9 @@ def test_bound_direct_launch_matches_the_reference_one_launch_per_step(kernel_la
             vals = torch.randint(0, 1 << 30, (m,), generator=g, dtype=vdtype)
             gat = torch.randint(0, pool, (n,), generator=g)
             want = publish_gather_reference(ref, gat, pub if m else None, vals if m else None)
-            out = pg.launch(gat.to(DEV), pub.to(DEV) if m else None,
-                            vals.to(DEV) if m else None, host)
+            out = pg.launch(
+                gat.to(DEV), pub.to(DEV) if m else None, vals.to(DEV) if m else None, host
+            )
             torch.cuda.synchronize()
             assert torch.equal(out.cpu(), want.seq_lens), (pool, n, m, step)
             if host:
@@ -183,8 +200,9 @@ def test_tritons_own_launch_error_goes_down_the_reference_rung(patched, monkeypa
 
     def pageable(gi, pi, pv, host):
         out = relay.launcher._new(gi.numel())  # sized: the launcher refuses, never writes
-        kernel._launch(relay.launcher.buf, gi.cpu(), pi, pv, out, relay.launcher.out_sum,
-                       None, None, False)
+        kernel._launch(
+            relay.launcher.buf, gi.cpu(), pi, pv, out, relay.launcher.out_sum, None, None, False
+        )
         return out
 
     relay.launcher.launch = pageable
@@ -201,8 +219,9 @@ def test_tritons_own_launch_error_goes_down_the_reference_rung(patched, monkeypa
 @pytest.mark.parametrize("algo", ["EAGLE", "DFLASH"])
 @pytest.mark.parametrize("needs_cpu", [True, False])
 def test_traces_on_real_streams_match_upstream(algo, needs_cpu):
-    cfg = TraceConfig(seed=7, steps=60, pool=512, max_running=64, p_mixed=0.2,
-                      verify_cycles=2_000_000)
+    cfg = TraceConfig(
+        seed=7, steps=60, pool=512, max_running=64, p_mixed=0.2, verify_cycles=2_000_000
+    )
     want = run_trace(make_future_map(algo, cfg, device=DEV, needs_cpu_seq_lens=needs_cpu), cfg)
     sglang_patch.apply()
     try:
@@ -224,8 +243,10 @@ def test_the_private_stream_is_none_of_sglangs_and_high_priority(patched):
         fm.publish(torch.tensor([1], device=DEV), torch.tensor([5], device=DEV))
         fm.resolve_seq_lens_cpu(decode_batch([1], cfg, device=DEV))
     relay = relay_mod.relay_for(fm)
-    assert relay.relay_stream.cuda_stream not in (schedule.cuda_stream,
-                                                  fm.fwd_prepare_d2h_stream.cuda_stream)
+    assert relay.relay_stream.cuda_stream not in (
+        schedule.cuda_stream,
+        fm.fwd_prepare_d2h_stream.cuda_stream,
+    )
     assert relay.relay_stream.priority < 0
 
 
@@ -327,8 +348,15 @@ def test_the_barrier_read_from_the_patched_scheduler_on_a_gpu_relay(tmp_path, mo
     try:
         for algorithm in (SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.DFLASH):
             for needs_cpu, tbo in BACKEND_TBO:
-                check_barrier_matrix(module.Scheduler, algorithm, needs_cpu=needs_cpu, tbo=tbo,
-                                     monkeypatch=monkeypatch, device=DEV, gates=(True,))
+                check_barrier_matrix(
+                    module.Scheduler,
+                    algorithm,
+                    needs_cpu=needs_cpu,
+                    tbo=tbo,
+                    monkeypatch=monkeypatch,
+                    device=DEV,
+                    gates=(True,),
+                )
     finally:
         sglang_patch.remove()
         patches.undo()
@@ -354,9 +382,12 @@ def _profile_steps(step, steps=8):
             counts["d2h"] += 1
         elif name in ("cudaStreamSynchronize", "cudaEventSynchronize"):
             counts["host_syncs"] += 1
-        elif getattr(e, "device_type", None) is not None and \
-                str(e.device_type).endswith("CUDA") and "Memcpy" not in name \
-                and "Memset" not in name:
+        elif (
+            getattr(e, "device_type", None) is not None
+            and str(e.device_type).endswith("CUDA")
+            and "Memcpy" not in name
+            and "Memset" not in name
+        ):
             counts["kernels"] += 1
     return {k: v / steps for k, v in counts.items()}
 
@@ -378,12 +409,14 @@ def test_the_profiler_sees_one_kernel_per_step_and_no_pool_copy(needs_cpu):
 
         return step
 
-    upstream = _profile_steps(stepper(make_future_map("EAGLE", cfg, device=DEV,
-                                                      needs_cpu_seq_lens=needs_cpu)))
+    upstream = _profile_steps(
+        stepper(make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=needs_cpu))
+    )
     sglang_patch.apply()
     try:
-        ours = _profile_steps(stepper(make_future_map("EAGLE", cfg, device=DEV,
-                                                      needs_cpu_seq_lens=needs_cpu)))
+        ours = _profile_steps(
+            stepper(make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=needs_cpu))
+        )
     finally:
         sglang_patch.remove()
     assert ours["kernels"] == 1, ours
@@ -407,9 +440,13 @@ def test_the_gpu_only_path_never_syncs(patched, algo):
     try:
         for k in range(5):
             fm.publish(fi, fi + 20 + k)
-            batch = SimpleNamespace(spec_info=SimpleNamespace(future_indices=fi),
-                                    req_pool_indices_cpu=None, seq_lens=None,
-                                    seq_lens_cpu=None, seq_lens_sum=None)
+            batch = SimpleNamespace(
+                spec_info=SimpleNamespace(future_indices=fi),
+                req_pool_indices_cpu=None,
+                seq_lens=None,
+                seq_lens_cpu=None,
+                seq_lens_sum=None,
+            )
             fm.resolve_seq_lens_cpu(batch)
             assert batch.seq_lens_cpu is None
     finally:
@@ -491,8 +528,9 @@ def test_a_real_sticky_fault_is_recognised_as_one():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _FAULTING_CHILD], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", _FAULTING_CHILD], capture_output=True, text=True, timeout=120
+    )
     seen = json.loads(done.stdout.strip().splitlines()[-1])["seen"]
     assert seen and all(s["sticky"] for s in seen), seen
 
@@ -502,8 +540,9 @@ def test_a_kernel_that_faults_in_the_child_canary_leaves_the_gpu_to_sglang():
 
     backend_mod._verdicts.clear()
     try:
-        report = canary_mod.child_canary(DEV, command=[sys.executable, "-c",
-                                                       _FAULTING_CHILD + "\nraise SystemExit(3)"])
+        report = canary_mod.child_canary(
+            DEV, command=[sys.executable, "-c", _FAULTING_CHILD + "\nraise SystemExit(3)"]
+        )
         assert report["fault"] and relay_mod.not_relayed_on(DEV) is not None
         assert torch.ones(4, device=DEV).sum().item() == 4  # this process's context lives
     finally:
@@ -534,8 +573,7 @@ def test_selftests_verdict_is_the_one_the_relay_reads(patched):
 
 
 @pytest.mark.parametrize("needs_cpu", [True, False])
-def test_without_host_indices_sglangs_resolve_runs_the_step_on_real_streams(patched,
-                                                                            needs_cpu):
+def test_without_host_indices_sglangs_resolve_runs_the_step_on_real_streams(patched, needs_cpu):
     cfg = TraceConfig(pool=64)
     fm = make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=needs_cpu)
     fm.publish(torch.tensor([3, 4], device=DEV), torch.tensor([30, 40], device=DEV))
@@ -569,4 +607,3 @@ def test_confidential_computing_pins_nothing_and_serves_sglangs_exact_lengths(mo
         sglang_common.is_confidential_compute.cache_clear()
     assert got == want
     assert not relay.pinned_ok and relay.launcher.ring is None
-

@@ -35,8 +35,9 @@ CFG = TraceConfig(pool=16, max_len=8)
 @pytest.fixture
 def patched_scheduler():
     sglang_patch.apply()
-    assert isinstance(Scheduler.__dict__["_war_barrier_enabled"], property), \
+    assert isinstance(Scheduler.__dict__["_war_barrier_enabled"], property), (
         "the patch did not reach the real Scheduler (untested barrier code?)"
+    )
     yield Scheduler
     sglang_patch.remove()
 
@@ -50,10 +51,12 @@ def test_unpatched_scheduler_barrier_is_platform_only():
 
 @pytest.mark.parametrize("algorithm", list(SpeculativeAlgorithm), ids=lambda a: a.name)
 @pytest.mark.parametrize("needs_cpu, tbo", BACKEND_TBO)
-def test_barrier_matrix_on_the_real_scheduler(patched_scheduler, algorithm, needs_cpu, tbo,
-                                              monkeypatch):
-    check_barrier_matrix(patched_scheduler, algorithm, needs_cpu=needs_cpu, tbo=tbo,
-                         monkeypatch=monkeypatch)
+def test_barrier_matrix_on_the_real_scheduler(
+    patched_scheduler, algorithm, needs_cpu, tbo, monkeypatch
+):
+    check_barrier_matrix(
+        patched_scheduler, algorithm, needs_cpu=needs_cpu, tbo=tbo, monkeypatch=monkeypatch
+    )
 
 
 def test_coarse_fallback_still_works_when_barrier_kept(patched_scheduler):
@@ -99,10 +102,12 @@ def test_patch_waits_for_the_scheduler_import_in_a_fresh_process():
         assert "_war_barrier_enabled" not in s.Scheduler.__dict__
         print("deferred-ok")
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.environ.get("PYTHONPATH", ""), os.getcwd()]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), os.getcwd()])
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "deferred-ok" in out.stdout
 
@@ -122,8 +127,9 @@ def test_scheduler_caps_reach_a_relay_made_earlier(patched_scheduler):
     from types import SimpleNamespace
 
     fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=False)
-    sched = make_scheduler(Scheduler, SpeculativeAlgorithm.EAGLE, fm,
-                           worker=SimpleNamespace(host_seq_lens="exact"))
+    sched = make_scheduler(
+        Scheduler, SpeculativeAlgorithm.EAGLE, fm, worker=SimpleNamespace(host_seq_lens="exact")
+    )
     relay = relay_mod.relay_for(fm)  # e.g. a warm-up step before the loop
     assert relay.host_seq_lens == "none"  # the backends opt out; no worker claim yet
     barrier_calls(sched, True)

@@ -25,8 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-__all__ = ["CHECKED", "CodeVerdict", "check_module", "fingerprint_function",
-           "fingerprint_source_file", "installed_fingerprints", "verdict"]
+__all__ = [
+    "CHECKED",
+    "CodeVerdict",
+    "check_module",
+    "fingerprint_function",
+    "fingerprint_source_file",
+    "installed_fingerprints",
+    "verdict",
+]
 
 ABSENT = "absent"
 
@@ -42,16 +49,18 @@ CHECKED = {
         "FutureMap.resolve_mixed_spec_tails",
         "decide_needs_cpu_seq_lens",
     ),
-    "sglang.srt.managers.scheduler": (
-        "Scheduler._apply_war_barrier",
-    ),
+    "sglang.srt.managers.scheduler": ("Scheduler._apply_war_barrier",),
 }
 
 
 def _strip_docstring(node: Any) -> Any:
     body = getattr(node, "body", None)
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         node.body = body[1:] or [ast.Pass()]
     return node
 
@@ -80,8 +89,15 @@ def _find(tree: ast.Module, qualname: str) -> Optional[ast.AST]:
     scope = tree.body
     node = None
     for part in qualname.split("."):
-        node = next((n for n in scope if isinstance(
-            n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part), None)
+        node = next(
+            (
+                n
+                for n in scope
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                and n.name == part
+            ),
+            None,
+        )
         if node is None:
             return None
         scope = getattr(node, "body", [])
@@ -149,8 +165,9 @@ class CodeVerdict:
         if self.tested:
             return f"{self.module}: the code of SGLang {self.release} (tested)"
         parts = [f"{name} {how}" for name, how in self.changed.items()]
-        return (f"{', '.join(parts)} (compared with SGLang {self.closest}, the closest "
-                f"tested release)")
+        return (
+            f"{', '.join(parts)} (compared with SGLang {self.closest}, the closest tested release)"
+        )
 
 
 def _how(got: str, want: str) -> str:
@@ -163,8 +180,9 @@ def _how(got: str, want: str) -> str:
     return "changed code"
 
 
-def verdict(module_name: str, installed: dict, tested: Optional[dict] = None,
-            prefer: Optional[str] = None) -> CodeVerdict:
+def verdict(
+    module_name: str, installed: dict, tested: Optional[dict] = None, prefer: Optional[str] = None
+) -> CodeVerdict:
     """Which tested release the installed functions of ``module_name`` are, as a whole.
     ``tested``: ``{release: {module: {qualname: fingerprint}}}`` (default: the recorded
     table); ``prefer``: the installed version, tried first and taken as closest on ties."""
@@ -181,9 +199,11 @@ def verdict(module_name: str, installed: dict, tested: Optional[dict] = None,
         want = tested[release].get(module_name)
         if want is None:
             continue
-        diff = {n: _how(installed.get(n, ABSENT), want.get(n, ABSENT))
-                for n in sorted(set(want) | set(installed))
-                if installed.get(n, ABSENT) != want.get(n, ABSENT)}
+        diff = {
+            n: _how(installed.get(n, ABSENT), want.get(n, ABSENT))
+            for n in sorted(set(want) | set(installed))
+            if installed.get(n, ABSENT) != want.get(n, ABSENT)
+        }
         if not diff:
             return CodeVerdict(module_name, release, release, {})
         if best_diff is None or len(diff) < len(best_diff):
@@ -197,7 +217,7 @@ def _release_key(release: str):
     return parse(release) or ()
 
 
-def check_module(module, *, prefer: Optional[str] = None,
-                 tested: Optional[dict] = None) -> CodeVerdict:
+def check_module(
+    module, *, prefer: Optional[str] = None, tested: Optional[dict] = None
+) -> CodeVerdict:
     return verdict(module.__name__, installed_fingerprints(module), tested, prefer)
-

@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 _MISSING = object()
 
@@ -28,8 +29,10 @@ class PatchSet:
 
     @property
     def targets(self) -> list[str]:
-        return [f"{getattr(o, '__module__', '?')}.{getattr(o, '__qualname__', o)}.{n}"
-                for o, n, _ in self._undo]
+        return [
+            f"{getattr(o, '__module__', '?')}.{getattr(o, '__qualname__', o)}.{n}"
+            for o, n, _ in self._undo
+        ]
 
     def set_attr(self, owner, name: str, value) -> None:
         self._undo.append((owner, name, owner.__dict__.get(name, _MISSING)))

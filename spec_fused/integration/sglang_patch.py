@@ -49,8 +49,16 @@ ENV_ALLOW_UNTESTED = settings.ALLOW_UNTESTED.name
 OVERLAP_UTILS = "sglang.srt.managers.overlap_utils"
 SCHEDULER = "sglang.srt.managers.scheduler"
 
-__all__ = ["PatchReport", "UnsupportedSGLangError", "apply", "check_supported", "disabled_by",
-           "is_applied", "register", "remove"]
+__all__ = [
+    "PatchReport",
+    "UnsupportedSGLangError",
+    "apply",
+    "check_supported",
+    "disabled_by",
+    "is_applied",
+    "register",
+    "remove",
+]
 
 
 class UnsupportedSGLangError(RuntimeError):
@@ -98,16 +106,19 @@ def _require_params(version, owner, name, params):
     if fn is None or not callable(fn):
         raise UnsupportedSGLangError(
             f"SGLang {version}: {owner.__name__}.{name} is missing; spec_fused supports the "
-            f"FutureMap API of SGLang {_range_text()}")
+            f"FutureMap API of SGLang {_range_text()}"
+        )
     try:
         names = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError) as exc:
         raise UnsupportedSGLangError(
-            f"SGLang {version}: cannot read the signature of {owner.__name__}.{name}") from exc
+            f"SGLang {version}: cannot read the signature of {owner.__name__}.{name}"
+        ) from exc
     if names[: len(params)] != list(params):
         raise UnsupportedSGLangError(
             f"SGLang {version}: {owner.__name__}.{name}{tuple(names)} does not start with "
-            f"{tuple(params)}; spec_fused supports the API of SGLang {_range_text()}")
+            f"{tuple(params)}; spec_fused supports the API of SGLang {_range_text()}"
+        )
     return names
 
 
@@ -152,7 +163,8 @@ def check_supported(overlap_utils=None) -> str:
     for attr in ("new_seq_lens_buf", "needs_cpu_seq_lens", "publish_ready"):
         if init_src is not None and attr not in init_src:
             raise UnsupportedSGLangError(
-                f"SGLang {version}: FutureMap.__init__ no longer sets {attr!r}")
+                f"SGLang {version}: FutureMap.__init__ no longer sets {attr!r}"
+            )
     verify_code(version, overlap_utils)
     return version
 
@@ -186,15 +198,20 @@ def _on_failure(fm, relay, exc, what):
 
     # Bad input and caught bugs reach the caller, as upstream's own errors would; the
     # relay stays (a bad step is not a broken relay).
-    if isinstance(exc, (InputError, InputTypeError, PoisonedSlotError, StaleHostMirrorError,
-                        *_PASSTHROUGH)):
+    if isinstance(
+        exc, (InputError, InputTypeError, PoisonedSlotError, StaleHostMirrorError, *_PASSTHROUGH)
+    ):
         raise exc
     # A dead CUDA context: SGLang's own method would fail at its next CUDA call, blaming
     # itself. Escape here, naming spec_fused and the way to serve without it.
     raise_if_sticky(exc, relay.step_name(what), logger)
-    _relay.log_once(("fallback", what, type(exc).__name__),
-                    "fused %s failed (%s: %s); SGLang's own relay takes over this FutureMap",
-                    what, type(exc).__name__, exc)
+    _relay.log_once(
+        ("fallback", what, type(exc).__name__),
+        "fused %s failed (%s: %s); SGLang's own relay takes over this FutureMap",
+        what,
+        type(exc).__name__,
+        exc,
+    )
     disable(fm, relay, f"{what}: {exc}")
 
 
@@ -221,8 +238,7 @@ def _make_publish(original):
         # Fused: no relay-less FutureMap, no confidence (DSPARK gates its own D2H on the
         # scatter), nothing SGLang's publish may have grown since, not a DP-idle publish.
         if relay is None or args or kwargs or not future_indices.shape[0]:
-            if relay is None or args or not future_indices.shape[0] \
-                    or not _no_confidence(kwargs):
+            if relay is None or args or not future_indices.shape[0] or not _no_confidence(kwargs):
                 if relay is not None:
                     relay.land_pending()  # keep publish order when SGLang's path writes the buffer
                 return original(self, future_indices, new_seq_lens, *args, **kwargs)
@@ -318,16 +334,22 @@ def prewarm_for(fm, buf) -> None:
         algo = getattr(fm, "spec_algo", None)
         if algo is None or not algo.is_some() or not isinstance(buf, torch.Tensor):
             return
-        if buf.device.type != "cuda" or _relay.not_relayed_on(buf.device) is not None \
-                or device_key(buf.device) in _prewarmed:
+        if (
+            buf.device.type != "cuda"
+            or _relay.not_relayed_on(buf.device) is not None
+            or device_key(buf.device) in _prewarmed
+        ):
             return
         _prewarmed.add(device_key(buf.device))
         prewarm(buf.device, debug=debug_enabled())  # the launcher the relay will build
     except Exception as exc:
         raise_if_sticky(exc, f"spec_fused's start-up canary on {buf.device}", logger)
-        _relay.log_once(("prewarm", type(exc).__name__),
-                        "could not compile the fused kernel ahead of serving (%s: %s)",
-                        type(exc).__name__, exc)
+        _relay.log_once(
+            ("prewarm", type(exc).__name__),
+            "could not compile the fused kernel ahead of serving (%s: %s)",
+            type(exc).__name__,
+            exc,
+        )
 
 
 def _buffer_property():
@@ -336,15 +358,19 @@ def _buffer_property():
 
     def setter(self, value):
         if _relay.BUF_ATTR in self.__dict__:  # a swap (_adopt_relay): a pending publish
-            read_buffer(self)                 # lands in the buffer it was made for, as upstream's
+            read_buffer(self)  # lands in the buffer it was made for, as upstream's
         self.__dict__[_relay.BUF_ATTR] = value
         relay = self.__dict__.get(_relay.RELAY_ATTR)
         if relay is not None:
             relay.rebind(value)
         prewarm_for(self, value)  # FutureMap.__init__: compile and prove before serving
 
-    return property(getter, setter, doc="FutureMap.new_seq_lens_buf; a pending fused publish "
-                                        "lands before anyone outside the relay reads it")
+    return property(
+        getter,
+        setter,
+        doc="FutureMap.new_seq_lens_buf; a pending fused publish "
+        "lands before anyone outside the relay reads it",
+    )
 
 
 def _scheduler_caps(sched):
@@ -361,11 +387,15 @@ def _scheduler_caps(sched):
     buf = future_map.__dict__.get(_relay.BUF_ATTR)
     unsupported = None if buf is None else _relay.not_relayed_on(buf.device)
     if unsupported is not None:
-        _relay.log_once(("device", unsupported), "not relaying on %s; SGLang's relay runs",
-                        unsupported)
+        _relay.log_once(
+            ("device", unsupported), "not relaying on %s; SGLang's relay runs", unsupported
+        )
         return None
-    caps = _relay.future_map_caps(future_map, worker=getattr(sched, "draft_worker", None),
-                                  server_args=getattr(sched, "server_args", None))
+    caps = _relay.future_map_caps(
+        future_map,
+        worker=getattr(sched, "draft_worker", None),
+        server_args=getattr(sched, "server_args", None),
+    )
     future_map.__dict__[_relay.CAPS_ATTR] = caps
     relay = future_map.__dict__.get(_relay.RELAY_ATTR)
     if relay is not None:  # made before the scheduler knew its worker: update it
@@ -391,19 +421,24 @@ def _war_barrier_property():
         try:
             caps = _scheduler_caps(self)
         except Exception as exc:
-            _relay.log_once(("war-caps", type(exc).__name__),
-                            "no capabilities for the WAR barrier decision (%s); keeping "
-                            "SGLang's", str(exc).strip('"'))
+            _relay.log_once(
+                ("war-caps", type(exc).__name__),
+                "no capabilities for the WAR barrier decision (%s); keeping SGLang's",
+                str(exc).strip('"'),
+            )
             caps = None
         if caps is None:
             self.__dict__.pop(key, None)
             return
         self.__dict__[key] = bool(platform_gate) and caps.needs_war_barrier
         if platform_gate and not caps.needs_war_barrier:
-            _relay.log_once(("war-off", str(self.spec_algorithm)),
-                            "WAR barrier off for %s (%s)",
-                            getattr(self.spec_algorithm, "name", self.spec_algorithm),
-                            caps.why_barrier(), level=logging.WARNING)
+            _relay.log_once(
+                ("war-off", str(self.spec_algorithm)),
+                "WAR barrier off for %s (%s)",
+                getattr(self.spec_algorithm, "name", self.spec_algorithm),
+                caps.why_barrier(),
+                level=logging.WARNING,
+            )
 
     return property(getter, setter)
 
@@ -411,13 +446,20 @@ def _war_barrier_property():
 def _patch_scheduler(patches: PatchSet, module, version: str) -> None:
     scheduler = getattr(module, "Scheduler", None)
     if not isinstance(scheduler, type) or "_apply_war_barrier" not in scheduler.__dict__:
-        _relay.log_once("no-war", "%s.Scheduler has no _apply_war_barrier; the WAR barrier "
-                        "stays as SGLang decides it", SCHEDULER)
+        _relay.log_once(
+            "no-war",
+            "%s.Scheduler has no _apply_war_barrier; the WAR barrier stays as SGLang decides it",
+            SCHEDULER,
+        )
         return
     found = code_check.check_module(module, prefer=version)
     if not found.tested and not settings.ALLOW_UNTESTED.on():
-        _relay.log_once("war-code", "SGLang %s: %s: not tested; the WAR barrier stays as "
-                        "SGLang decides it", version, found.describe())
+        _relay.log_once(
+            "war-code",
+            "SGLang %s: %s: not tested; the WAR barrier stays as SGLang decides it",
+            version,
+            found.describe(),
+        )
         return
     patches.set_attr(scheduler, "_war_barrier_enabled", _war_barrier_property())
     patches.replace(scheduler, "__init__", _make_scheduler_init)
@@ -443,22 +485,31 @@ def canary_before_pools(scheduler_init, args, kwargs) -> Optional[dict]:
             return None
         params = inspect.signature(scheduler_init).bind_partial(None, *args, **kwargs)
         server_args = params.arguments.get("server_args")
-        if not getattr(server_args, "speculative_algorithm", None) \
-                or getattr(server_args, "device", "cuda") not in ("cuda", None) \
-                or getattr(torch.version, "hip", None):
+        if (
+            not getattr(server_args, "speculative_algorithm", None)
+            or getattr(server_args, "device", "cuda") not in ("cuda", None)
+            or getattr(torch.version, "hip", None)
+        ):
             return None
         gpu_id = params.arguments.get("gpu_id")
         gpu_id = scheduler_gpu_id() if gpu_id is None else gpu_id
         if gpu_id is None:
-            _relay.log_once("child-canary-gpu", "cannot tell this scheduler's GPU before it "
-                            "starts; the start-up canary runs in the scheduler process",
-                            level=logging.INFO)
+            _relay.log_once(
+                "child-canary-gpu",
+                "cannot tell this scheduler's GPU before it "
+                "starts; the start-up canary runs in the scheduler process",
+                level=logging.INFO,
+            )
             return None
         return child_canary(torch.device("cuda", int(gpu_id)), debug=debug_enabled())
     except Exception as exc:
-        _relay.log_once(("child-canary", type(exc).__name__),
-                        "the start-up canary could not run in a child process (%s: %s); it "
-                        "runs in the scheduler process", type(exc).__name__, exc)
+        _relay.log_once(
+            ("child-canary", type(exc).__name__),
+            "the start-up canary could not run in a child process (%s: %s); it "
+            "runs in the scheduler process",
+            type(exc).__name__,
+            exc,
+        )
         return None
 
 
@@ -496,8 +547,7 @@ def apply() -> PatchReport:
 
         if SCHEDULER not in sys.modules:
             report.deferred.append(f"{SCHEDULER}.Scheduler._war_barrier_enabled")
-        patches.after_import(SCHEDULER,
-                             lambda module: _patch_scheduler(patches, module, version))
+        patches.after_import(SCHEDULER, lambda module: _patch_scheduler(patches, module, version))
         if SCHEDULER in sys.modules:
             report.patched = list(patches.targets)
     except Exception:
@@ -507,12 +557,18 @@ def apply() -> PatchReport:
     found = code_check.check_module(overlap_utils, prefer=version)
     report.code = found.release or ""
     if not found.tested:
-        report.warning = (f"SGLang {version}: {found.describe()}: not tested; running "
-                          f"because {ENV_ALLOW_UNTESTED}=1")
+        report.warning = (
+            f"SGLang {version}: {found.describe()}: not tested; running "
+            f"because {ENV_ALLOW_UNTESTED}=1"
+        )
         logger.warning("spec_fused: %s", report.warning)
     elif found.release != version:
-        logger.info("spec_fused: SGLang %s is not a listed release, but the code spec_fused "
-                    "patches is %s's, which is tested: running", version, found.release)
+        logger.info(
+            "spec_fused: SGLang %s is not a listed release, but the code spec_fused "
+            "patches is %s's, which is tested: running",
+            version,
+            found.release,
+        )
     logger.info("spec_fused: patched SGLang %s (%s)", version, ", ".join(report.patched))
     return report
 
@@ -539,8 +595,9 @@ def register() -> None:
         logger.warning("spec_fused: not loaded: %s. SGLang runs its own relay.", exc)
         return
     except Exception as exc:  # never take the server down
-        logger.warning("spec_fused: not loaded (%s: %s). SGLang runs its own relay.",
-                       type(exc).__name__, exc)
+        logger.warning(
+            "spec_fused: not loaded (%s: %s). SGLang runs its own relay.", type(exc).__name__, exc
+        )
         return
     if report.deferred:
         logger.info("spec_fused: will patch on import: %s", ", ".join(report.deferred))

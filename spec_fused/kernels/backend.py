@@ -21,8 +21,18 @@ try:  # Triton is optional: without it every device gets the reference.
 except Exception:  # pragma: no cover - exercised by the fallback-ladder tests
     triton = None
 
-__all__ = ["BACKENDS", "ENV_BENCH", "ENV_FORCE_BACKEND", "Verdict", "backend_for", "device_key",
-           "explain_backend", "explain_relay_backend", "record_verdict", "verdict_for"]
+__all__ = [
+    "BACKENDS",
+    "ENV_BENCH",
+    "ENV_FORCE_BACKEND",
+    "Verdict",
+    "backend_for",
+    "device_key",
+    "explain_backend",
+    "explain_relay_backend",
+    "record_verdict",
+    "verdict_for",
+]
 
 # The three of backend_for, plus "null" (SPEC_FUSED_FORCE_BACKEND=null with
 # SPEC_FUSED_BENCH=1): the whole host path and no device work, to price the wrapper.
@@ -34,6 +44,7 @@ BACKENDS = ("triton", "interpreter", "reference", "null")
 # a probe decorated the same way, never launched, says what the kernel's decoration did.
 TRITON_AVAILABLE = triton is not None
 if triton is not None:
+
     @triton.jit
     def _decoration_probe(x):
         pass
@@ -79,8 +90,11 @@ def explain_relay_backend(device) -> tuple[str, str]:
         return backend, f"{why} ({ignored})"
     if not settings.FORCE_BACKEND.raw():
         return backend, why
-    return "null", f"{ENV_FORCE_BACKEND}=null with {ENV_BENCH}=1: no device work, " \
-                   f"results unspecified (benchmarks only)"
+    return (
+        "null",
+        f"{ENV_FORCE_BACKEND}=null with {ENV_BENCH}=1: no device work, "
+        f"results unspecified (benchmarks only)",
+    )
 
 
 def ignored_force_backend() -> Optional[str]:

@@ -29,7 +29,8 @@ import logging
 import subprocess
 import sys
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -44,11 +45,12 @@ logger = logging.getLogger("spec_fused")
 
 # (publish values dtype or None, gather from pinned host indices, host mirror, batch):
 # every combination the relay launches, and the publish-only launch that lands a pending publish.
-CASES = [(values, pinned, host, 4)
-         for values in (torch.int64, torch.int32, None)
-         for pinned in (False, True)
-         for host in (False, True)] + [(torch.int64, False, False, 0),
-                                       (torch.int32, False, False, 0)]
+CASES = [
+    (values, pinned, host, 4)
+    for values in (torch.int64, torch.int32, None)
+    for pinned in (False, True)
+    for host in (False, True)
+] + [(torch.int64, False, False, 0), (torch.int32, False, False, 0)]
 CHILD_TIMEOUT_S = 300.0  # a cold Triton cache compiles every specialization in the child
 
 
@@ -73,8 +75,12 @@ def _check_case(launcher, mirror, case, step: int, per_step: bool, stream, sync)
     gather_cpu, publish_cpu = slots[:n], slots[2:]
     values_cpu = torch.randint(0, 1 << 20, (publish_cpu.shape[0],), generator=gen)
     want = kernel.publish_gather_reference(
-        mirror, gather_cpu, publish_cpu if values_dtype else None,
-        values_cpu.to(values_dtype) if values_dtype else None, poison=launcher.poison)
+        mirror,
+        gather_cpu,
+        publish_cpu if values_dtype else None,
+        values_cpu.to(values_dtype) if values_dtype else None,
+        poison=launcher.poison,
+    )
     gather = launcher.stage_host_indices(gather_cpu) if pinned else gather_cpu.to(device)
     pi = publish_cpu.to(device) if values_dtype else None
     pv = values_cpu.to(values_dtype).to(device) if values_dtype else None
@@ -86,13 +92,14 @@ def _check_case(launcher, mirror, case, step: int, per_step: bool, stream, sync)
     if not torch.equal(got, want.seq_lens):
         raise CanaryMismatch(f"lengths {got.tolist()} != {want.seq_lens.tolist()} ({case})")
     if n and int(launcher.out_sum) != int(want.seq_lens_sum):
-        raise CanaryMismatch(f"sum {int(launcher.out_sum)} != {int(want.seq_lens_sum)} "
-                             f"({case})")
+        raise CanaryMismatch(f"sum {int(launcher.out_sum)} != {int(want.seq_lens_sum)} ({case})")
     if host:
         lens, total = launcher.read_row(launcher.stamp, got.shape[0])
         if not torch.equal(lens, want.seq_lens) or total != int(want.seq_lens_sum):
-            raise CanaryMismatch(f"host row {lens.tolist()}/{total} != "
-                                 f"{want.seq_lens.tolist()}/{int(want.seq_lens_sum)} ({case})")
+            raise CanaryMismatch(
+                f"host row {lens.tolist()}/{total} != "
+                f"{want.seq_lens.tolist()}/{int(want.seq_lens_sum)} ({case})"
+            )
     if not torch.equal(launcher.buf.cpu(), mirror):
         raise CanaryMismatch(f"the published buffer differs from the reference's ({case})")
     return direct
@@ -121,11 +128,14 @@ def _run_cases(launcher, stream, sync, *, per_step: bool) -> tuple[int, bool]:
         if per_step:
             fresh()
             try:
-                all_direct &= _check_case(launcher, mirror, case, 100 + step, True, stream,
-                                          sync)
+                all_direct &= _check_case(launcher, mirror, case, 100 + step, True, stream, sync)
             except Exception as exc:
-                raise_if_sticky(exc, f"spec_fused's start-up canary on {launcher.buf.device} "
-                                     f"(the direct launch, case {case})", logger)
+                raise_if_sticky(
+                    exc,
+                    f"spec_fused's start-up canary on {launcher.buf.device} "
+                    f"(the direct launch, case {case})",
+                    logger,
+                )
                 raise _DirectLaunchFailed(f"{type(exc).__name__}: {exc}") from exc
             n += 1
     return n, all_direct
@@ -141,9 +151,10 @@ def canary(device, *, debug: bool = False, make_launcher=None) -> Verdict:
     long it took. ``make_launcher(buf, backend)`` stands in for the launcher (tests)."""
     device = torch.device(device)
     if make_launcher is None:
+
         def make_launcher(buf, backend):
-            return StepLauncher(buf, backend=backend, poison=debug, validate=debug,
-                                 debug=debug)
+            return StepLauncher(buf, backend=backend, poison=debug, validate=debug, debug=debug)
+
     backend = backend_for(device)
     previous = _child_report(device)
     verdict = record_verdict(Verdict(str(device), backend, direct=False, child=previous))
@@ -218,8 +229,13 @@ def _child_report(device) -> Optional[dict]:
     return _child_reports.get(device_key(device))
 
 
-def child_canary(device, *, debug: bool = False, command: Optional[Sequence[str]] = None,
-                 timeout: float = CHILD_TIMEOUT_S) -> dict:
+def child_canary(
+    device,
+    *,
+    debug: bool = False,
+    command: Optional[Sequence[str]] = None,
+    timeout: float = CHILD_TIMEOUT_S,
+) -> dict:
     """Run the canary for ``device`` in a child process and file what it found.
 
     Returns the child's report: ``ok`` (it ran and exited cleanly), ``fault`` (why the
@@ -231,22 +247,27 @@ def child_canary(device, *, debug: bool = False, command: Optional[Sequence[str]
     the in-process canary then runs as before. ``command`` replaces the child's command
     line (tests)."""
     key = device_key(device)
-    argv = list(command) if command is not None else \
-        [sys.executable, "-m", "spec_fused.kernels.canary", key] + (["--debug"] if debug else [])
+    argv = (
+        list(command)
+        if command is not None
+        else [sys.executable, "-m", "spec_fused.kernels.canary", key]
+        + (["--debug"] if debug else [])
+    )
     free_before = _free_bytes(key)
     started = time.perf_counter()
-    report: dict = {"ok": False, "fault": None, "seconds": None, "gpu_bytes": None,
-                    "verdict": None}
+    report: dict = {"ok": False, "fault": None, "seconds": None, "gpu_bytes": None, "verdict": None}
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         report["seconds"] = time.perf_counter() - started
-        return _refuse(key, report, f"the canary's child process did not finish in "
-                                    f"{timeout:.0f} s")
+        return _refuse(key, report, f"the canary's child process did not finish in {timeout:.0f} s")
     except OSError as exc:
-        logger.warning("spec_fused: start-up canary on %s: no child process could run (%s); "
-                       "the canary runs in the scheduler process", key, exc)
+        logger.warning(
+            "spec_fused: start-up canary on %s: no child process could run (%s); "
+            "the canary runs in the scheduler process",
+            key,
+            exc,
+        )
         return report
     report["seconds"] = time.perf_counter() - started
     found = _last_json_line(done.stdout)
@@ -256,10 +277,10 @@ def child_canary(device, *, debug: bool = False, command: Optional[Sequence[str]
         if free_before is not None and free_after is not None:
             report["gpu_bytes"] = max(0, free_before - free_after)
     if done.returncode != 0 or found is None or found.get("fault"):
-        why = (found or {}).get("fault") or _tail(done.stderr) or \
-            f"exit status {done.returncode}"
-        return _refuse(key, report, f"the fused kernel faulted in the canary's child "
-                                    f"process ({why})")
+        why = (found or {}).get("fault") or _tail(done.stderr) or f"exit status {done.returncode}"
+        return _refuse(
+            key, report, f"the fused kernel faulted in the canary's child process ({why})"
+        )
     report["ok"] = True
     _child_reports[key] = report
     return report
@@ -269,8 +290,9 @@ def _refuse(key: str, report: dict, why: str) -> dict:
     report["fault"] = why
     _child_reports[key] = report
     record_verdict(Verdict(key, "sglang", direct=False, notes=[why], child=report))
-    logger.warning("spec_fused: start-up canary on %s: %s; SGLang's own relay serves this "
-                   "device", key, why)
+    logger.warning(
+        "spec_fused: start-up canary on %s: %s; SGLang's own relay serves this device", key, why
+    )
     return report
 
 
@@ -312,9 +334,13 @@ def _child_main(argv: Sequence[str]) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             out["free_bytes"] = int(torch.cuda.mem_get_info(device)[0])
-        out["verdict"] = {"backend": verdict.backend, "direct": verdict.direct,
-                          "cases": verdict.cases, "notes": verdict.notes,
-                          "seconds": verdict.seconds}
+        out["verdict"] = {
+            "backend": verdict.backend,
+            "direct": verdict.direct,
+            "cases": verdict.cases,
+            "notes": verdict.notes,
+            "seconds": verdict.seconds,
+        }
     except Exception as exc:
         if not is_sticky_fault(exc):
             raise

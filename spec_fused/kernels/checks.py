@@ -13,8 +13,15 @@ from typing import Optional
 
 import torch
 
-__all__ = ["InputError", "InputTypeError", "NO_ERROR", "PoisonedSlotError",
-           "StaleHostMirrorError", "raise_if_flagged", "validate"]
+__all__ = [
+    "InputError",
+    "InputTypeError",
+    "NO_ERROR",
+    "PoisonedSlotError",
+    "StaleHostMirrorError",
+    "raise_if_flagged",
+    "validate",
+]
 
 # Marker the kernel leaves in the error flag when nothing went wrong.
 NO_ERROR = -1
@@ -74,8 +81,9 @@ def _check_1d(name, t):
         raise InputError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
 
 
-def validate(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
-              deep: bool):
+def validate(
+    buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out, deep: bool
+):
     """Raise before anything is written. ``deep`` adds the value checks (range, duplicate
     publish slots) that need the index values on the host: always done on CPU, where they
     are free; on a GPU they cost a sync, so only when asked (``validate``/``poison``)."""
@@ -93,7 +101,8 @@ def validate(buf, gather_indices, publish_indices, publish_values, out, out_sum,
     if gather_indices.device != buf.device and not _zero_copy_ok(gather_indices, buf):
         raise InputError(
             f"gather_indices is on {gather_indices.device}, buf on {buf.device} (on CUDA, "
-            f"pinned host indices are read zero-copy)")
+            f"pinned host indices are read zero-copy)"
+        )
     if (publish_indices is None) != (publish_values is None):
         raise InputError("publish_indices and publish_values must be given together")
     if publish_indices is not None:
@@ -101,40 +110,55 @@ def validate(buf, gather_indices, publish_indices, publish_values, out, out_sum,
         _check_1d("publish_values", publish_values)
         if publish_indices.dtype not in INDEX_DTYPES:
             raise InputTypeError(
-                f"publish_indices must be int32 or int64, got {publish_indices.dtype}")
+                f"publish_indices must be int32 or int64, got {publish_indices.dtype}"
+            )
         if not _is_integer(publish_values):
-            raise InputTypeError(f"publish_values must be an integer tensor, got {publish_values.dtype}")
+            raise InputTypeError(
+                f"publish_values must be an integer tensor, got {publish_values.dtype}"
+            )
         for name, t in (("publish_indices", publish_indices), ("publish_values", publish_values)):
             if t.device != buf.device:
                 raise InputError(f"{name} is on {t.device}, buf on {buf.device}")
         if publish_indices.shape[0] != publish_values.shape[0]:
             raise InputError(
                 f"publish_indices has {publish_indices.shape[0]} entries but publish_values "
-                f"has {publish_values.shape[0]}")
+                f"has {publish_values.shape[0]}"
+            )
     n = gather_indices.shape[0]
     if out is not None:
         _check_1d("out", out)
         if out.shape[0] != n or out.dtype != buf.dtype or out.device != buf.device:
             raise InputError(
                 f"out must be ({n},) {buf.dtype} on {buf.device}, got {tuple(out.shape)} "
-                f"{out.dtype} on {out.device}")
+                f"{out.dtype} on {out.device}"
+            )
         if not out.is_contiguous():
             raise InputError("out must be contiguous")
     if out_sum is not None:
         if not isinstance(out_sum, torch.Tensor):
             raise InputTypeError("out_sum must be a torch.Tensor")
-        if out_sum.numel() != 1 or out_sum.dim() > 1 or out_sum.dtype != torch.int64 \
-                or out_sum.device != buf.device:
+        if (
+            out_sum.numel() != 1
+            or out_sum.dim() > 1
+            or out_sum.dtype != torch.int64
+            or out_sum.device != buf.device
+        ):
             raise InputError(
                 f"out_sum must be a 0-d or (1,) int64 tensor on {buf.device}, got "
-                f"{tuple(out_sum.shape)} {out_sum.dtype} on {out_sum.device}")
+                f"{tuple(out_sum.shape)} {out_sum.dtype} on {out_sum.device}"
+            )
     if host_out is not None:
         _check_1d("host_out", host_out)
-        if host_out.shape[0] != n + 1 or host_out.dtype != torch.int64 \
-                or host_out.device.type != "cpu" or not host_out.is_contiguous():
+        if (
+            host_out.shape[0] != n + 1
+            or host_out.dtype != torch.int64
+            or host_out.device.type != "cpu"
+            or not host_out.is_contiguous()
+        ):
             raise InputError(
                 f"host_out must be a contiguous ({n + 1},) int64 CPU tensor (lens then sum), "
-                f"got {tuple(host_out.shape)} {host_out.dtype} on {host_out.device}")
+                f"got {tuple(host_out.shape)} {host_out.dtype} on {host_out.device}"
+            )
         if buf.device.type == "cuda" and not host_out.is_pinned():
             raise InputError("host_out must be pinned memory when buf is on CUDA")
     if deep:

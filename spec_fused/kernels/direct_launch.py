@@ -68,8 +68,12 @@ def triton_version() -> Optional[tuple]:
 
 
 def _log_once(reason: str) -> None:
-    log_once(("normal-launch", reason), "Triton's normal launch path is used (%s)", reason,
-             level=logging.INFO)
+    log_once(
+        ("normal-launch", reason),
+        "Triton's normal launch path is used (%s)",
+        reason,
+        level=logging.INFO,
+    )
 
 
 def _unknown_triton() -> Optional[str]:
@@ -77,8 +81,10 @@ def _unknown_triton() -> Optional[str]:
     version = triton_version()
     lo, hi = KNOWN_TRITON
     if version is None or not lo <= version <= hi:
-        return (f"Triton {getattr(triton, '__version__', None)} is outside the versions the "
-                f"direct launch was read against ({lo} to {hi})")
+        return (
+            f"Triton {getattr(triton, '__version__', None)} is outside the versions the "
+            f"direct launch was read against ({lo} to {hi})"
+        )
     return None
 
 

@@ -21,7 +21,8 @@ rewrite while copying. Stamps wrap at 2**30 so Triton keeps typing them int32.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 
@@ -50,8 +51,9 @@ class HostRing:
             self.np[stamp & 1, 0] = total
         self.np[stamp & 1, -1] = stamp
 
-    def read(self, stamp: int, n: int, wait: Optional[Callable[[], None]] = None, *,
-             strict: bool = False) -> tuple:
+    def read(
+        self, stamp: int, n: int, wait: Optional[Callable[[], None]] = None, *, strict: bool = False
+    ) -> tuple:
         """``(lens, total)`` of launch ``stamp``, copied out (the caller owns them).
 
         Call once that launch has completed. A row whose stamp is not ``stamp`` raises
@@ -62,18 +64,22 @@ class HostRing:
         if row[-1] != stamp:
             if strict or wait is None:
                 raise StaleHostMirrorError(
-                    f"host mirror slot holds step {int(row[-1])}, expected step {stamp}",
-                    "stale")
+                    f"host mirror slot holds step {int(row[-1])}, expected step {stamp}", "stale"
+                )
             wait()
             if row[-1] != stamp:
                 raise StaleHostMirrorError(
                     f"host mirror slot holds step {int(row[-1])} after waiting, expected "
-                    f"step {stamp}", "stale after waiting")
+                    f"step {stamp}",
+                    "stale after waiting",
+                )
         lens, total = torch.from_numpy(row[:n].copy()), int(row[n])
         if row[-1] != stamp:  # overwritten while copying: torn
             raise StaleHostMirrorError(
                 f"host mirror slot was rewritten (step {int(row[-1])}) while step "
-                f"{stamp} was being read", "torn")
+                f"{stamp} was being read",
+                "torn",
+            )
         return lens, total
 
 

@@ -62,7 +62,6 @@ class PublishGatherResult:
 # --------------------------------------------------------------------------- kernel
 
 if triton is not None:
-
     # Nothing but the pointers' dtypes and the constexprs may pick the compiled specialization:
     # lengths and the stamp change every step (specializing on them would recompile),
     # and the caller's index/value tensors may be views at any offset. So every integer
@@ -70,10 +69,24 @@ if triton is not None:
     # alignment specialization, which is what lets StepLauncher bind one compiled
     # specialization per dtype combination and launch it directly (direct_launch.py).
     @triton.jit(
-        do_not_specialize=["pub_idx_stride", "pub_val_stride", "m", "gat_idx_stride", "n",
-                           "stamp", "stamp_offset"],
-        do_not_specialize_on_alignment=["pub_idx_ptr", "pub_val_ptr", "gat_idx_ptr",
-                                        "out_ptr", "out_sum_ptr", "host_ptr", "err_ptr"],
+        do_not_specialize=[
+            "pub_idx_stride",
+            "pub_val_stride",
+            "m",
+            "gat_idx_stride",
+            "n",
+            "stamp",
+            "stamp_offset",
+        ],
+        do_not_specialize_on_alignment=[
+            "pub_idx_ptr",
+            "pub_val_ptr",
+            "gat_idx_ptr",
+            "out_ptr",
+            "out_sum_ptr",
+            "host_ptr",
+            "err_ptr",
+        ],
     )
     def _publish_gather_kernel(
         buf_ptr,
@@ -144,8 +157,18 @@ else:  # pragma: no cover
     _publish_gather_kernel = None
 
 
-def kernel_args(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
-                err, stamp, stamp_offset) -> tuple:
+def kernel_args(
+    buf,
+    gather_indices,
+    publish_indices,
+    publish_values,
+    out,
+    out_sum,
+    host_out,
+    err,
+    stamp,
+    stamp_offset,
+) -> tuple:
     """The kernel's runtime arguments in order, as both launches pass them: Triton's
     normal one (:func:`_launch`) and the direct one (``step_launcher``). An empty input's
     pointer may be null, so one with nothing to read points at ``buf`` (its loop never
@@ -154,19 +177,52 @@ def kernel_args(buf, gather_indices, publish_indices, publish_values, out, out_s
     m = 0 if publish_indices is None else publish_indices.shape[0]
     if not m:
         publish_indices = publish_values = buf
-    return (buf, publish_indices, publish_indices.stride(0) if m else 0, publish_values,
-            publish_values.stride(0) if m else 0, m, gather_indices if n else buf,
-            gather_indices.stride(0) if n else 0, n, out, out_sum,
-            out if host_out is None else host_out, out if err is None else err,
-            0 if stamp is None else stamp, stamp_offset)
+    return (
+        buf,
+        publish_indices,
+        publish_indices.stride(0) if m else 0,
+        publish_values,
+        publish_values.stride(0) if m else 0,
+        m,
+        gather_indices if n else buf,
+        gather_indices.stride(0) if n else 0,
+        n,
+        out,
+        out_sum,
+        out if host_out is None else host_out,
+        out if err is None else err,
+        0 if stamp is None else stamp,
+        stamp_offset,
+    )
 
 
-def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
-            err, poison, stamp=None, stamp_offset=0):
+def _launch(
+    buf,
+    gather_indices,
+    publish_indices,
+    publish_values,
+    out,
+    out_sum,
+    host_out,
+    err,
+    poison,
+    stamp=None,
+    stamp_offset=0,
+):
     """``kernel[grid](...)``: Triton's normal launch path; returns the compiled kernel."""
     return _publish_gather_kernel[(1,)](
-        *kernel_args(buf, gather_indices, publish_indices, publish_values, out, out_sum,
-                     host_out, err, stamp, stamp_offset),
+        *kernel_args(
+            buf,
+            gather_indices,
+            publish_indices,
+            publish_values,
+            out,
+            out_sum,
+            host_out,
+            err,
+            stamp,
+            stamp_offset,
+        ),
         HAS_HOST=host_out is not None,
         HAS_STAMP=stamp is not None,
         POISON=bool(poison),
@@ -178,8 +234,19 @@ def _launch(buf, gather_indices, publish_indices, publish_values, out, out_sum, 
 # --------------------------------------------------------------------------- reference
 
 
-def _reference_impl(buf, gather_indices, publish_indices, publish_values, out, out_sum,
-                    host_out, err, poison, stamp=None, stamp_offset=0):
+def _reference_impl(
+    buf,
+    gather_indices,
+    publish_indices,
+    publish_values,
+    out,
+    out_sum,
+    host_out,
+    err,
+    poison,
+    stamp=None,
+    stamp_offset=0,
+):
     if publish_indices is not None and publish_indices.shape[0]:
         buf[publish_indices.long()] = publish_values.to(buf.dtype)
     gathered = buf[gather_indices.long()]
@@ -214,20 +281,48 @@ def _publish_gather_op(
     poison: bool,
 ) -> None:
     impl = _launch if backend_for(buf.device) != "reference" else _reference_impl
-    impl(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
-         error_flag, poison)
+    impl(
+        buf,
+        gather_indices,
+        publish_indices,
+        publish_values,
+        out,
+        out_sum,
+        host_out,
+        error_flag,
+        poison,
+    )
 
 
 @_publish_gather_op.register_fake
-def _(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
-      error_flag, poison):
+def _(
+    buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out, error_flag, poison
+):
     return None
 
 
-def _run(impl, buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
-         poison, validate):
-    checks.validate(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out,
-              deep=validate or poison)
+def _run(
+    impl,
+    buf,
+    gather_indices,
+    publish_indices,
+    publish_values,
+    out,
+    out_sum,
+    host_out,
+    poison,
+    validate,
+):
+    checks.validate(
+        buf,
+        gather_indices,
+        publish_indices,
+        publish_values,
+        out,
+        out_sum,
+        host_out,
+        deep=validate or poison,
+    )
     n = gather_indices.shape[0]
     m = 0 if publish_indices is None else publish_indices.shape[0]
     if out is None:
@@ -241,20 +336,38 @@ def _run(impl, buf, gather_indices, publish_indices, publish_values, out, out_su
         return PublishGatherResult(out, out_sum.reshape(()))
     flag = None
     if poison:
-        flag = torch.full((1,), NO_ERROR, dtype=torch.int64,
-                          pin_memory=buf.device.type == "cuda")
+        flag = torch.full((1,), NO_ERROR, dtype=torch.int64, pin_memory=buf.device.type == "cuda")
         if buf.device.type != "cuda":
             flag = flag.to(buf.device)
-    impl(buf, gather_indices, publish_indices if m else None, publish_values if m else None,
-         out, out_sum, host_out, flag, poison)
+    impl(
+        buf,
+        gather_indices,
+        publish_indices if m else None,
+        publish_values if m else None,
+        out,
+        out_sum,
+        host_out,
+        flag,
+        poison,
+    )
     result = PublishGatherResult(out, out_sum.reshape(()), flag)
     if flag is not None and flag.device.type == "cpu" and buf.device.type == "cpu":
         result.raise_if_poisoned()  # free on CPU: raise at once, naming the slot
     return result
 
 
-def publish_gather(buf, gather_indices, publish_indices=None, publish_values=None, *,
-                   out=None, out_sum=None, host_out=None, poison=False, validate=False):
+def publish_gather(
+    buf,
+    gather_indices,
+    publish_indices=None,
+    publish_values=None,
+    *,
+    out=None,
+    out_sum=None,
+    host_out=None,
+    poison=False,
+    validate=False,
+):
     """``buf[publish_indices] = publish_values``, then ``seq_lens = buf[gather_indices]``
     and ``seq_lens_sum = seq_lens.sum()`` (and ``host_out = [*seq_lens, sum]``): one launch.
 
@@ -264,13 +377,42 @@ def publish_gather(buf, gather_indices, publish_indices=None, publish_values=Non
     is SGLang's consume-once debug check: gathered rows become -1, and gathering a negative
     row raises :class:`PoisonedSlotError` (at once on CPU; on GPU via
     ``result.raise_if_poisoned()`` after a sync)."""
-    return _run(lambda *a: _publish_gather_op(*a), buf, gather_indices, publish_indices,
-                publish_values, out, out_sum, host_out, poison, validate)
+    return _run(
+        lambda *a: _publish_gather_op(*a),
+        buf,
+        gather_indices,
+        publish_indices,
+        publish_values,
+        out,
+        out_sum,
+        host_out,
+        poison,
+        validate,
+    )
 
 
-def publish_gather_reference(buf, gather_indices, publish_indices=None, publish_values=None,
-                             *, out=None, out_sum=None, host_out=None, poison=False,
-                             validate=False):
+def publish_gather_reference(
+    buf,
+    gather_indices,
+    publish_indices=None,
+    publish_values=None,
+    *,
+    out=None,
+    out_sum=None,
+    host_out=None,
+    poison=False,
+    validate=False,
+):
     """Plain-torch twin of :func:`publish_gather`: same arguments, checks and results."""
-    return _run(_reference_impl, buf, gather_indices, publish_indices, publish_values, out,
-                out_sum, host_out, poison, validate)
+    return _run(
+        _reference_impl,
+        buf,
+        gather_indices,
+        publish_indices,
+        publish_values,
+        out,
+        out_sum,
+        host_out,
+        poison,
+        validate,
+    )

@@ -32,6 +32,7 @@ __all__ = ["StepLauncher"]
 def _check_buffer(buf) -> None:
     checks.validate(buf, buf[:0].long(), None, None, None, None, None, deep=False)
 
+
 _UNSEEN = object()
 # What the bound path accepts without the full check; anything else takes it.
 _LEAN_INDEX = (torch.int32, torch.int64)
@@ -55,10 +56,18 @@ class StepLauncher:
     and the step's stamp into the host ring (:class:`~spec_fused.kernels.host_ring.HostRing`),
     read back with :meth:`read_row`."""
 
-    def __init__(self, buf: torch.Tensor, *, max_batch: Optional[int] = None,
-                 poison: bool = False, validate: bool = False,
-                 debug: bool = False, backend: Optional[str] = None,
-                 pinned: Optional[bool] = None, mirror: bool = True):
+    def __init__(
+        self,
+        buf: torch.Tensor,
+        *,
+        max_batch: Optional[int] = None,
+        poison: bool = False,
+        validate: bool = False,
+        debug: bool = False,
+        backend: Optional[str] = None,
+        pinned: Optional[bool] = None,
+        mirror: bool = True,
+    ):
         _check_buffer(buf)
         self.buf = buf
         self.max_batch = int(buf.shape[0] if max_batch is None else max_batch)
@@ -177,8 +186,9 @@ class StepLauncher:
         once the previous launch that read the staging buffer has completed."""
         n = host.shape[0]
         if self._staging is None or self._staging.shape[0] < n:
-            self._staging = torch.empty((max(n, self.max_batch),), dtype=torch.int64,
-                                        pin_memory=self._pinned)
+            self._staging = torch.empty(
+                (max(n, self.max_batch),), dtype=torch.int64, pin_memory=self._pinned
+            )
         view = self._staging[:n]
         view.copy_(host)
         self.staged = view
@@ -198,14 +208,20 @@ class StepLauncher:
             on_device = gi.is_cpu and (pi is None or (pi.is_cpu and pv.is_cpu))
         else:
             dev = self._device_index
-            on_device = (gi.get_device() == dev or gi is self.staged) and \
-                (pi is None or (pi.get_device() == dev and pv.get_device() == dev))
+            on_device = (gi.get_device() == dev or gi is self.staged) and (
+                pi is None or (pi.get_device() == dev and pv.get_device() == dev)
+            )
         if pi is None:
             if not (on_device and gi.dim() == 1):
                 return _UNSEEN
             return self._seen.get((gi.dtype, host), _UNSEEN)
-        if not (on_device and gi.dim() == 1 and pi.dim() == 1 and pv.dim() == 1
-                and pv.numel() == pi.numel()):
+        if not (
+            on_device
+            and gi.dim() == 1
+            and pi.dim() == 1
+            and pv.dim() == 1
+            and pv.numel() == pi.numel()
+        ):
             return _UNSEEN
         dtypes = gi.dtype, pi.dtype, pv.dtype
         if dtypes == self._last_dtypes and host is self._last_host:
@@ -236,13 +252,33 @@ class StepLauncher:
         fast = self._direct  # None for the null backend: _run_impl leaves the launch out
         if bound is not None and fast.ready():
             self.launches += 1
-            bound.run(1, 1, 1, fast.raw_stream(self._device_index), bound.function,
-                      bound.metadata, None, None, None,
-                      *kernel_args(self.buf, gi, pi if m else None, pv, out, self.out_sum,
-                                   self._ring_rows[stamp & 1] if host else None,
-                                   self._flag if self.poison else None, stamp,
-                                   self._stamp_offset),
-                      host, host, self.poison, kernel.BLOCK)
+            bound.run(
+                1,
+                1,
+                1,
+                fast.raw_stream(self._device_index),
+                bound.function,
+                bound.metadata,
+                None,
+                None,
+                None,
+                *kernel_args(
+                    self.buf,
+                    gi,
+                    pi if m else None,
+                    pv,
+                    out,
+                    self.out_sum,
+                    self._ring_rows[stamp & 1] if host else None,
+                    self._flag if self.poison else None,
+                    stamp,
+                    self._stamp_offset,
+                ),
+                host,
+                host,
+                self.poison,
+                kernel.BLOCK,
+            )
             return out
         self._run_impl(gi, pi if m else None, pv if m else None, out, host, stamp)
         return out
@@ -270,8 +306,9 @@ class StepLauncher:
         if host:  # the kernel's sum, and its host mirror
             torch.sum(out, 0, out=self.out_sum)
             if self.mirror:
-                write_host_row(self._ring_rows[stamp & 1], out, self.out_sum, stamp,
-                               self._stamp_offset)
+                write_host_row(
+                    self._ring_rows[stamp & 1], out, self.out_sum, stamp, self._stamp_offset
+                )
         return out
 
     def launch_checked(self, gi, pi, pv, host: bool, out=None) -> torch.Tensor:
@@ -296,8 +333,11 @@ class StepLauncher:
         stamp = self.stamp = self.step & HostRing.STAMP_MASK
         self.step += 1
         compiled = self._run_impl(gi, pi, pv, out, host, stamp)
-        if key not in self._seen and gi.dtype in _LEAN_INDEX \
-                and (len(key) == 2 or (key[1] in _LEAN_INDEX and key[2] in _LEAN_INDEX)):
+        if (
+            key not in self._seen
+            and gi.dtype in _LEAN_INDEX
+            and (len(key) == 2 or (key[1] in _LEAN_INDEX and key[2] in _LEAN_INDEX))
+        ):
             self._seen[key] = self._bind(compiled)
         if self.poison and not self._on_cuda:
             raise_if_flagged(self._flag)
@@ -335,8 +375,19 @@ class StepLauncher:
             row, row_stamp = self._ring_rows[stamp & 1], stamp
             stamp_offset = row.shape[0] - 1
         self.launches += 1
-        args = (self.buf, gi, pi, pv, out, self.out_sum, row, self._flag, self.poison,
-                row_stamp, stamp_offset)
+        args = (
+            self.buf,
+            gi,
+            pi,
+            pv,
+            out,
+            self.out_sum,
+            row,
+            self._flag,
+            self.poison,
+            row_stamp,
+            stamp_offset,
+        )
         if self._direct is not None and self._direct.on_other_device():
             # Triton's normal launch goes to the *current* device: switch to the buffer's.
             with torch.cuda.device(self.buf.device):
@@ -348,8 +399,7 @@ class StepLauncher:
         :meth:`HostRing.read`; debug mode never waits again), after the consume-once
         check when poisoning."""
         if self.ring is None:
-            raise StaleHostMirrorError(f"no host-mirror launch was made (step {stamp})",
-                                       "no ring")
+            raise StaleHostMirrorError(f"no host-mirror launch was made (step {stamp})", "no ring")
         lens_total = self.ring.read(stamp, n, wait, strict=self.debug)
         if self.poison:
             raise_if_flagged(self._flag)

@@ -19,7 +19,8 @@ from __future__ import annotations
 import platform
 import shutil
 import subprocess
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
 
 from spec_fused import settings
 
@@ -75,6 +76,7 @@ def _spec_fused_version() -> str:
 def _package_version(module: str, dists: tuple = ()) -> str:
     """The first installed distribution's version among ``dists``, else the imported
     module's ``__version__``; "not installed" when neither is there."""
+
     def probe():
         for dist in dists:
             found = _dist_version(dist)
@@ -111,7 +113,10 @@ def _nvidia_smi() -> tuple[str, list[str]]:
     try:
         proc = subprocess.run(
             [exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         return f"n/a (nvidia-smi timed out after {NVIDIA_SMI_TIMEOUT_S:g}s)", []
     except OSError as exc:
@@ -151,7 +156,8 @@ def versions() -> dict:
         "torch": _package_version("torch"),
         # ROCm and XPU wheels ship the same module under another distribution name.
         "triton": _package_version(
-            "triton", ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-xpu")),
+            "triton", ("triton", "pytorch-triton-rocm", "pytorch-triton", "triton-xpu")
+        ),
         "cuda_runtime": _runtime_version(),
         "driver": driver,
         "gpus": list(gpus),
@@ -222,10 +228,14 @@ def plugin_status(env: Optional[Mapping[str, str]] = None) -> dict:
         checks.append(_check("installed", False, f"cannot list entry points ({_error(eps)})"))
         eps = []
     elif not eps:
-        checks.append(_check(
-            "installed", False,
-            f"no {ENTRY_POINT_GROUP!r} entry point named {PLUGIN_NAME!r}: reinstall "
-            f"spec_fused (pip install -e .) so SGLang can find it"))
+        checks.append(
+            _check(
+                "installed",
+                False,
+                f"no {ENTRY_POINT_GROUP!r} entry point named {PLUGIN_NAME!r}: reinstall "
+                f"spec_fused (pip install -e .) so SGLang can find it",
+            )
+        )
     else:
         ep = eps[0]
         reason = f"{PLUGIN_NAME} = {ep.value}{_ep_dist(ep)}"
@@ -234,14 +244,19 @@ def plugin_status(env: Optional[Mapping[str, str]] = None) -> dict:
         checks.append(_check("installed", True, reason))
 
     if eps:
+
         def load():
             fn = eps[0].load()
             if not callable(fn):
                 return _check("loads", False, f"{eps[0].value} is not callable")
             return _check("loads", True, f"{eps[0].value} imports and is callable")
 
-        checks.append(_safely(load, lambda exc: _check(
-            "loads", False, f"loading {eps[0].value} fails ({_error(exc)})")))
+        checks.append(
+            _safely(
+                load,
+                lambda exc: _check("loads", False, f"loading {eps[0].value} fails ({_error(exc)})"),
+            )
+        )
     else:
         checks.append(_check("loads", False, "nothing to load: the entry point is missing"))
 
@@ -249,33 +264,49 @@ def plugin_status(env: Optional[Mapping[str, str]] = None) -> dict:
 
     disabled = env.get(ENV_DISABLE, "")
     if disabled_by(env) is not None:  # the very test register() makes
-        checks.append(_check(
-            ENV_DISABLE, False,
-            f"{ENV_DISABLE}={disabled!r} is set: register() patches nothing and SGLang "
-            f"runs its own relay"))
+        checks.append(
+            _check(
+                ENV_DISABLE,
+                False,
+                f"{ENV_DISABLE}={disabled!r} is set: register() patches nothing and SGLang "
+                f"runs its own relay",
+            )
+        )
     else:
-        checks.append(_check(ENV_DISABLE, True,
-                             f"{ENV_DISABLE} not set" if not disabled else f"{ENV_DISABLE}=0"))
+        checks.append(
+            _check(
+                ENV_DISABLE, True, f"{ENV_DISABLE} not set" if not disabled else f"{ENV_DISABLE}=0"
+            )
+        )
 
     allowed = env.get(ENV_PLUGINS, "")
     # Same parsing as sglang.srt.plugins.load_plugins_by_group: comma-separated, stripped,
     # an empty value (or only commas) means no whitelist.
     allowed_set = {x.strip() for x in allowed.split(",") if x.strip()}
     if allowed_set and PLUGIN_NAME not in allowed_set:
-        checks.append(_check(
-            ENV_PLUGINS, False,
-            f"{ENV_PLUGINS}={allowed!r} does not list {PLUGIN_NAME!r}: SGLang's "
-            f"load_plugins() skips it"))
+        checks.append(
+            _check(
+                ENV_PLUGINS,
+                False,
+                f"{ENV_PLUGINS}={allowed!r} does not list {PLUGIN_NAME!r}: SGLang's "
+                f"load_plugins() skips it",
+            )
+        )
     elif allowed_set:
         checks.append(_check(ENV_PLUGINS, True, f"{ENV_PLUGINS}={allowed!r} lists {PLUGIN_NAME!r}"))
     else:
-        checks.append(_check(ENV_PLUGINS, True,
-                             f"{ENV_PLUGINS} not set: every installed plugin loads"))
+        checks.append(
+            _check(ENV_PLUGINS, True, f"{ENV_PLUGINS} not set: every installed plugin loads")
+        )
 
     ok, reason = _check_supported()
     checks.append(_check("sglang_supported", ok, reason))
-    checks.append(_safely(_tested_check, lambda exc: _check(
-        "sglang_tested", False, f"cannot tell ({_error(exc)})")))
+    checks.append(
+        _safely(
+            _tested_check,
+            lambda exc: _check("sglang_tested", False, f"cannot tell ({_error(exc)})"),
+        )
+    )
 
     # sglang_tested informs; whether an untested release loads is sglang_supported's call.
     reasons = [c["reason"] for c in checks if not c["ok"] and c["check"] != "sglang_tested"]
@@ -327,8 +358,10 @@ def relay_summary(device) -> str:
     if not_relayed:
         return "SGLang's own path: " + not_relayed
     if torch.device(device).type == "cuda" and confidential_compute():
-        return ("fused relay; exact host lengths from SGLang's resolve (Confidential "
-                "Computing, by SGLang's own check: nothing pinned)")
+        return (
+            "fused relay; exact host lengths from SGLang's resolve (Confidential "
+            "Computing, by SGLang's own check: nothing pinned)"
+        )
     return "fused relay"
 
 
@@ -340,12 +373,16 @@ def backends() -> dict:
     try:
         from spec_fused.kernels import backend as pg
     except Exception as exc:  # noqa: BLE001 - torch or the kernel module is broken
-        return {"cpu": {"backend": "unavailable",
-                        "reason": f"cannot import spec_fused.kernels.publish_gather "
-                                  f"({_error(exc)})"}}
+        return {
+            "cpu": {
+                "backend": "unavailable",
+                "reason": f"cannot import spec_fused.kernels.publish_gather ({_error(exc)})",
+            }
+        }
     devices = _safely(_devices, lambda exc: ["cpu"])
     out = {}
     for dev in devices:
+
         def probe(dev=dev):
             import torch
 
@@ -363,25 +400,31 @@ def backends() -> dict:
             backend, reason = pg.explain_backend(device)
             relay_backend, relay_reason = pg.explain_relay_backend(device)
             verdict = pg.verdict_for(device)
-            return {"backend": backend, "reason": reason,
-                    "relay_backend": relay_backend, "relay_reason": relay_reason,
-                    "relay": relay_summary(device),
-                    "canary": verdict.describe() if verdict is not None else None}
+            return {
+                "backend": backend,
+                "reason": reason,
+                "relay_backend": relay_backend,
+                "relay_reason": relay_reason,
+                "relay": relay_summary(device),
+                "canary": verdict.describe() if verdict is not None else None,
+            }
 
-        out[dev] = _safely(probe, lambda exc: {"backend": "unavailable",
-                                               "reason": f"backend_for failed ({_error(exc)})"})
+        out[dev] = _safely(
+            probe,
+            lambda exc: {"backend": "unavailable", "reason": f"backend_for failed ({_error(exc)})"},
+        )
     return out
 
 
 # --------------------------------------------------------------------------- caps
 
 
-CAPS_COLUMNS = ("algorithm", "declared", "needs_war_barrier", "host_seq_lens", "variant",
-                "reason")
+CAPS_COLUMNS = ("algorithm", "declared", "needs_war_barrier", "host_seq_lens", "variant", "reason")
 
 
-def caps_rows(env: Optional[Mapping[str, str]] = None,
-              config: Optional[Mapping[str, object]] = None) -> list[dict]:
+def caps_rows(
+    env: Optional[Mapping[str, str]] = None, config: Optional[Mapping[str, object]] = None
+) -> list[dict]:
     """:func:`spec_fused.caps.describe`, made total: a setting that breaks the whole table
     (e.g. ``SPEC_FUSED_WAR_BARRIER=yes`` makes ``caps_for`` raise for every algorithm)
     becomes an error on every row, so the doctor still lists all the names it knows.
@@ -393,22 +436,27 @@ def caps_rows(env: Optional[Mapping[str, str]] = None,
         return [{"algorithm": "?", "error": f"cannot import spec_fused.caps ({_error(exc)})"}]
     backends, tbo = None, False
     if config and config.get("attention_backend"):
-        from spec_fused.tools import impact
         from spec_fused.relay import BackendsDecision
+        from spec_fused.tools import impact
 
-        row = impact.configuration(impact_release(), str(config["attention_backend"]),
-                                   str(config.get("speculative_algorithm") or "EAGLE"),
-                                   draft_backend=config.get(
-                                       "speculative_draft_attention_backend"))
+        row = impact.configuration(
+            impact_release(),
+            str(config["attention_backend"]),
+            str(config.get("speculative_algorithm") or "EAGLE"),
+            draft_backend=config.get("speculative_draft_attention_backend"),
+        )
         backends = [BackendsDecision(row.needs_host_lengths)]
         tbo = bool(config.get("enable_two_batch_overlap"))
     try:
-        return [dict(row) for row in caps.describe(env=env, attn_backends=backends,
-                                                   two_batch_overlap=tbo)]
+        return [
+            dict(row)
+            for row in caps.describe(env=env, attn_backends=backends, two_batch_overlap=tbo)
+        ]
     except Exception as exc:  # noqa: BLE001
         names = _safely(caps.known_algorithms, lambda _: [])
-        return [{"algorithm": name, "error": _error(exc)} for name in names] or \
-            [{"algorithm": "?", "error": _error(exc)}]
+        return [{"algorithm": name, "error": _error(exc)} for name in names] or [
+            {"algorithm": "?", "error": _error(exc)}
+        ]
 
 
 # --------------------------------------------------------------------------- impact
@@ -440,20 +488,29 @@ def impact_report(config: Optional[Mapping[str, object]] = None) -> dict:
         return out
     algorithm = str(config.get("speculative_algorithm") or "EAGLE")
     tbo = bool(config.get("enable_two_batch_overlap"))
-    row = impact.configuration(release, str(config["attention_backend"]), algorithm,
-                               draft_backend=config.get("speculative_draft_attention_backend"),
-                               two_batch_overlap=tbo)
+    row = impact.configuration(
+        release,
+        str(config["attention_backend"]),
+        algorithm,
+        draft_backend=config.get("speculative_draft_attention_backend"),
+        two_batch_overlap=tbo,
+    )
     out["row"] = asdict(row)
     from spec_fused import caps
     from spec_fused.relay import BackendsDecision
 
     try:
-        decided = caps.decide(algorithm, two_batch_overlap=tbo,
-                              attn_backends=[BackendsDecision(row.needs_host_lengths)])
-        out["decision"] = {"needs_war_barrier": decided.needs_war_barrier,
-                           "host_seq_lens": decided.host_seq_lens,
-                           "variant": caps.select_variant(decided),
-                           "reason": decided.explain()}
+        decided = caps.decide(
+            algorithm,
+            two_batch_overlap=tbo,
+            attn_backends=[BackendsDecision(row.needs_host_lengths)],
+        )
+        out["decision"] = {
+            "needs_war_barrier": decided.needs_war_barrier,
+            "host_seq_lens": decided.host_seq_lens,
+            "variant": caps.select_variant(decided),
+            "reason": decided.explain(),
+        }
     except (KeyError, ValueError) as exc:
         out["decision"] = {"error": str(exc).strip('"')}
     return out
@@ -462,8 +519,9 @@ def impact_report(config: Optional[Mapping[str, object]] = None) -> dict:
 # --------------------------------------------------------------------------- all of it
 
 
-def gather(env: Optional[Mapping[str, str]] = None,
-           config: Optional[Mapping[str, object]] = None) -> dict:
+def gather(
+    env: Optional[Mapping[str, str]] = None, config: Optional[Mapping[str, object]] = None
+) -> dict:
     """Every fact the doctor reports, as one JSON-serialisable dict:
     ``versions``, ``plugin`` (``installed``, ``would_load``, ``reasons``, ``checks``),
     ``backends`` (``{device: {backend, reason, relay, canary}}``), ``caps`` (rows of
@@ -472,14 +530,21 @@ def gather(env: Optional[Mapping[str, str]] = None,
 
     ``env`` replaces ``os.environ`` for the plugin and capability decisions (the kernel
     backend is always decided by the real environment, as ``backend_for`` reads it)."""
-    section_error = lambda name: (lambda exc: {"error": f"{name}: {_error(exc)}"})  # noqa: E731
+    section_error = lambda name: lambda exc: {"error": f"{name}: {_error(exc)}"}  # noqa: E731
     return {
         "versions": _safely(versions, section_error("versions")),
-        "plugin": _safely(lambda: plugin_status(env), lambda exc: {
-            "installed": False, "would_load": False,
-            "reasons": [f"the plugin checks failed ({_error(exc)})"], "checks": []}),
+        "plugin": _safely(
+            lambda: plugin_status(env),
+            lambda exc: {
+                "installed": False,
+                "would_load": False,
+                "reasons": [f"the plugin checks failed ({_error(exc)})"],
+                "checks": [],
+            },
+        ),
         "backends": _safely(backends, section_error("backends")),
-        "caps": _safely(lambda: caps_rows(env, config), lambda exc: [
-            {"algorithm": "?", "error": _error(exc)}]),
+        "caps": _safely(
+            lambda: caps_rows(env, config), lambda exc: [{"algorithm": "?", "error": _error(exc)}]
+        ),
         "impact": _safely(lambda: impact_report(config), section_error("impact")),
     }

@@ -22,8 +22,15 @@ from typing import Optional
 
 from spec_fused.releases import parse
 
-__all__ = ["Row", "configuration", "gpu_only", "ranged_rows", "release_rows",
-           "render_markdown", "saving"]
+__all__ = [
+    "Row",
+    "configuration",
+    "gpu_only",
+    "ranged_rows",
+    "release_rows",
+    "render_markdown",
+    "saving",
+]
 
 # --attention-backend values that set needs_cpu_seq_lens=False, from the release that
 # first did (each entry supersedes the previous one), with any condition that turns the
@@ -31,18 +38,39 @@ __all__ = ["Row", "configuration", "gpu_only", "ranged_rows", "release_rows",
 _GPU_ONLY = {
     "triton": [("0.5.15", "")],
     "trtllm_mha": [("0.5.15", "")],
-    "trtllm_mla": [("0.5.15", ""), ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
-    "cutedsl_mla": [("0.5.15", ""), ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
-    "tokenspeed_mla": [("0.5.15", ""), ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
-    "fa3": [("0.5.15", "DFLASH only"), ("0.5.16", ""),
-            ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
-    "fa4": [("0.5.15", "DFLASH only"), ("0.5.16", ""),
-            ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool")],
+    "trtllm_mla": [
+        ("0.5.15", ""),
+        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
+    ],
+    "cutedsl_mla": [
+        ("0.5.15", ""),
+        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
+    ],
+    "tokenspeed_mla": [
+        ("0.5.15", ""),
+        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
+    ],
+    "fa3": [
+        ("0.5.15", "DFLASH only"),
+        ("0.5.16", ""),
+        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
+    ],
+    "fa4": [
+        ("0.5.15", "DFLASH only"),
+        ("0.5.16", ""),
+        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
+    ],
     "flashmla": [("0.5.16", "")],
-    "dsa": [("0.5.15", ""), ("0.5.20", "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"),
-            ("0.5.22", "")],
-    "nsa": [("0.5.15", ""), ("0.5.20", "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"),
-            ("0.5.22", "")],
+    "dsa": [
+        ("0.5.15", ""),
+        ("0.5.20", "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"),
+        ("0.5.22", ""),
+    ],
+    "nsa": [
+        ("0.5.15", ""),
+        ("0.5.20", "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"),
+        ("0.5.22", ""),
+    ],
     "qsa": [("0.5.20", "")],
     "dsv4": [("0.5.16", "on CUDA, unless online c128 MTP is on")],
 }
@@ -53,8 +81,10 @@ _DFLASH_DRAFTS = [
     ("0.5.17", ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha")),
     ("0.5.20", ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")),
 ]
-_DRAFT_CAVEAT = {"trtllm_mha": "kept for the draft only if its layers are all sliding-window "
-                               "or it is causal, else flashinfer (from 0.5.17)"}
+_DRAFT_CAVEAT = {
+    "trtllm_mha": "kept for the draft only if its layers are all sliding-window "
+    "or it is causal, else flashinfer (from 0.5.17)"
+}
 
 
 def _at(release: str, entries: list):
@@ -102,28 +132,57 @@ def _costs(needs_host: bool) -> tuple:
     what the host waits for; the WAR barrier is kept either way (no release from 0.5.15
     on fences DFLASH's own writes). ``pool``: the request pool, ``bs``: the batch."""
     if needs_host:
-        upstream = {"device_ops": 3, "d2h_bytes": "8·pool", "host_syncs": 1,
-                    "host_waits_for": "publish + a pool-sized D2H copy", "barrier": True}
-        ours = {"device_ops": 1, "d2h_bytes": "8·(bs+2)", "host_syncs": 1,
-                "host_waits_for": "publish + one small launch", "barrier": True}
+        upstream = {
+            "device_ops": 3,
+            "d2h_bytes": "8·pool",
+            "host_syncs": 1,
+            "host_waits_for": "publish + a pool-sized D2H copy",
+            "barrier": True,
+        }
+        ours = {
+            "device_ops": 1,
+            "d2h_bytes": "8·(bs+2)",
+            "host_syncs": 1,
+            "host_waits_for": "publish + one small launch",
+            "barrier": True,
+        }
     else:
-        upstream = {"device_ops": 2, "d2h_bytes": "0", "host_syncs": 0,
-                    "host_waits_for": "nothing", "barrier": True}
-        ours = {"device_ops": 1, "d2h_bytes": "0", "host_syncs": 0,
-                "host_waits_for": "nothing", "barrier": True}
+        upstream = {
+            "device_ops": 2,
+            "d2h_bytes": "0",
+            "host_syncs": 0,
+            "host_waits_for": "nothing",
+            "barrier": True,
+        }
+        ours = {
+            "device_ops": 1,
+            "d2h_bytes": "0",
+            "host_syncs": 0,
+            "host_waits_for": "nothing",
+            "barrier": True,
+        }
     return upstream, ours
 
 
-HELPS = ("helps: no pool-sized D2H copy (8·pool bytes become 8·(bs+2) written by the "
-         "launch) and one launch instead of three; the host still waits for the publish")
-NOTHING = ("spec_fused changes nothing that matters here: upstream's step is already "
-           "GPU-only (no copy, no host sync); the fused launch saves one launch and a few "
-           "host µs per step")
+HELPS = (
+    "helps: no pool-sized D2H copy (8·pool bytes become 8·(bs+2) written by the "
+    "launch) and one launch instead of three; the host still waits for the publish"
+)
+NOTHING = (
+    "spec_fused changes nothing that matters here: upstream's step is already "
+    "GPU-only (no copy, no host sync); the fused launch saves one launch and a few "
+    "host µs per step"
+)
 
 
-def configuration(release: str, backend: str, algorithm: str, *,
-                  draft_backend: Optional[str] = None,
-                  two_batch_overlap: bool = False) -> Row:
+def configuration(
+    release: str,
+    backend: str,
+    algorithm: str,
+    *,
+    draft_backend: Optional[str] = None,
+    two_batch_overlap: bool = False,
+) -> Row:
     """The row for one configuration, in SGLang's own terms (``--attention-backend``,
     ``--speculative-algorithm``, ``--speculative-draft-attention-backend``,
     ``--enable-two-batch-overlap``)."""
@@ -150,8 +209,16 @@ def configuration(release: str, backend: str, algorithm: str, *,
         needs_host = True
         notes.append("two-batch overlap forces host lengths")
     upstream, ours = _costs(needs_host)
-    return Row(release, backend, algorithm, needs_host, tuple(notes), upstream, ours,
-               HELPS if needs_host else NOTHING)
+    return Row(
+        release,
+        backend,
+        algorithm,
+        needs_host,
+        tuple(notes),
+        upstream,
+        ours,
+        HELPS if needs_host else NOTHING,
+    )
 
 
 # The configurations the README's table and doctor's default listing show.
@@ -221,26 +288,37 @@ def render_markdown(ranged: list) -> str:
     """The README's "what it changes on your server" table: per relay step on CUDA,
     upstream -> spec_fused in device ops, D2H bytes and what the host waits for, and what
     that saves; a line under it says whether the WAR barrier differs."""
-    lines = ["| SGLang | attention backend | algorithm | host lengths | device ops | "
-             "D2H bytes | host waits for | spec_fused saves per step | notes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| SGLang | attention backend | algorithm | host lengths | device ops | "
+        "D2H bytes | host waits for | spec_fused saves per step | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     barriers = set()
     for releases, r in ranged:
         u, o = r.upstream, r.spec_fused
         barriers.add((u["barrier"], o["barrier"]))
         verdict = "helps" if r.needs_host_lengths else "nothing that matters"
-        lines.append(f"| {releases} | {r.backend} | {r.algorithm} | "
-                     f"{'read' if r.needs_host_lengths else 'opted out'} | "
-                     f"{u['device_ops']} → {o['device_ops']} | "
-                     f"{u['d2h_bytes']} → {o['d2h_bytes']} | "
-                     f"{u['host_waits_for']} → {o['host_waits_for']} | "
-                     f"**{verdict}**: {saving(u, o)} | {'; '.join(r.notes)} |")
+        lines.append(
+            f"| {releases} | {r.backend} | {r.algorithm} | "
+            f"{'read' if r.needs_host_lengths else 'opted out'} | "
+            f"{u['device_ops']} → {o['device_ops']} | "
+            f"{u['d2h_bytes']} → {o['d2h_bytes']} | "
+            f"{u['host_waits_for']} → {o['host_waits_for']} | "
+            f"**{verdict}**: {saving(u, o)} | {'; '.join(r.notes)} |"
+        )
     if barriers == {(True, True)}:
         barrier = "Both keep SGLang's WAR barrier on every row."
     else:
-        barrier = ("The WAR barrier (upstream / spec_fused) differs by row: "
-                   + ", ".join(f"{'yes' if a else 'no'} / {'yes' if b else 'no'}"
-                               for a, b in sorted(barriers)) + ".")
-    lines += ["", "Per relay step (publish + resolve) on CUDA, upstream → spec_fused; `pool`: "
-              "the request pool's slots, `bs`: the batch. " + barrier]
+        barrier = (
+            "The WAR barrier (upstream / spec_fused) differs by row: "
+            + ", ".join(
+                f"{'yes' if a else 'no'} / {'yes' if b else 'no'}" for a, b in sorted(barriers)
+            )
+            + "."
+        )
+    lines += [
+        "",
+        "Per relay step (publish + resolve) on CUDA, upstream → spec_fused; `pool`: "
+        "the request pool's slots, `bs`: the batch. " + barrier,
+    ]
     return "\n".join(lines)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 
@@ -41,8 +42,15 @@ try:  # the empty-launch floor needs Triton; everything else does not
 except Exception:  # pragma: no cover - no Triton
     _empty_kernel = None
 
-__all__ = ["NULL_ENV", "Provider", "arm_future_map", "build_providers", "device_us",
-           "set_patched", "time_block"]
+__all__ = [
+    "NULL_ENV",
+    "Provider",
+    "arm_future_map",
+    "build_providers",
+    "device_us",
+    "set_patched",
+    "time_block",
+]
 
 NULL_ENV = {settings.FORCE_BACKEND.name: "null", settings.BENCH.name: "1"}
 
@@ -59,16 +67,27 @@ def set_patched(patched: bool) -> None:
         sglang_patch.remove()
 
 
-def arm_future_map(algorithm: str, device, pool: int, *, fused: bool,
-                   env: Optional[dict] = None, needs_cpu_seq_lens: bool = True):
+def arm_future_map(
+    algorithm: str,
+    device,
+    pool: int,
+    *,
+    fused: bool,
+    env: Optional[dict] = None,
+    needs_cpu_seq_lens: bool = True,
+):
     """A real SGLang ``FutureMap`` (``traces.make_future_map``) for one arm of a
     measurement: ``fused=False`` made and left unpatched, ``fused=True`` made patched with
     its relay made at once under ``env``. Returns ``(future_map, relay_or_None)``; the
     patch state is left as ``fused`` says."""
     set_patched(fused)
     with settings.overridden(env if fused else None):
-        fm = make_future_map(algorithm.upper(), TraceConfig(pool=pool, max_len=1),
-                             device=device, needs_cpu_seq_lens=needs_cpu_seq_lens)
+        fm = make_future_map(
+            algorithm.upper(),
+            TraceConfig(pool=pool, max_len=1),
+            device=device,
+            needs_cpu_seq_lens=needs_cpu_seq_lens,
+        )
         relay = None
         if fused:
             from spec_fused.relay import relay_for
@@ -82,8 +101,13 @@ def arm_future_map(algorithm: str, device, pool: int, *, fused: bool,
 class Provider:
     """One way of running a relay step, in the patch state it needs (None: either)."""
 
-    def __init__(self, name: str, step: Callable[[], None], patched: Optional[bool],
-                 check: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        name: str,
+        step: Callable[[], None],
+        patched: Optional[bool],
+        check: Optional[Callable[[], None]] = None,
+    ):
         self.name, self.step, self.patched, self.check = name, step, patched, check
 
 
@@ -101,10 +125,23 @@ def check_resolved(batch, expected: torch.Tensor, *, host_lengths: bool, what: s
         raise RuntimeError(f"{what}: expected no host lengths, got some")
 
 
-def _relay_provider(name, algorithm, device, needs_cpu, idx, vals, pool, *, fused, env=None,
-                    backend=None, jit_only=False) -> Provider:
-    fm, relay = arm_future_map(algorithm, device, pool, fused=fused, env=env,
-                                needs_cpu_seq_lens=needs_cpu)
+def _relay_provider(
+    name,
+    algorithm,
+    device,
+    needs_cpu,
+    idx,
+    vals,
+    pool,
+    *,
+    fused,
+    env=None,
+    backend=None,
+    jit_only=False,
+) -> Provider:
+    fm, relay = arm_future_map(
+        algorithm, device, pool, fused=fused, env=env, needs_cpu_seq_lens=needs_cpu
+    )
     if backend is not None:
         relay.launcher.backend = backend
         relay._bind_launch()
@@ -141,15 +178,24 @@ def floor_providers(device) -> list:
     index = torch.device(device).index or 0
 
     def direct():
-        bound.run(1, 1, 1, raw_stream(index), bound.function, bound.metadata, None, None,
-                  None, scratch)
+        bound.run(
+            1, 1, 1, raw_stream(index), bound.function, bound.metadata, None, None, None, scratch
+        )
 
     return [Provider("floor-direct", direct, None), jit]
 
 
-def build_providers(algorithm: str, device, needs_cpu: bool, batch: int, *, pool: int = 4096,
-                    seed: int = 0, production: Optional[str] = None,
-                    names: Optional[tuple] = None) -> list:
+def build_providers(
+    algorithm: str,
+    device,
+    needs_cpu: bool,
+    batch: int,
+    *,
+    pool: int = 4096,
+    seed: int = 0,
+    production: Optional[str] = None,
+    names: Optional[tuple] = None,
+) -> list:
     """Every provider for one cell (algorithm x ``needs_cpu_seq_lens`` x batch), on the
     same slots and values. ``production``: the backend for ``spec_fused`` (None: what the
     relay picks here); ``names``: only these providers."""
@@ -160,14 +206,15 @@ def build_providers(algorithm: str, device, needs_cpu: bool, batch: int, *, pool
     cell = (algorithm, device, needs_cpu, idx, vals, pool)
     makers = {
         "upstream": lambda: _relay_provider("upstream", *cell, fused=False),
-        "spec_fused": lambda: _relay_provider("spec_fused", *cell, fused=True,
-                                              backend=production),
-        "spec_fused-null": lambda: _relay_provider("spec_fused-null", *cell, fused=True,
-                                                   env=NULL_ENV),
+        "spec_fused": lambda: _relay_provider("spec_fused", *cell, fused=True, backend=production),
+        "spec_fused-null": lambda: _relay_provider(
+            "spec_fused-null", *cell, fused=True, env=NULL_ENV
+        ),
     }
     if device.type == "cuda":
-        makers["spec_fused-jit"] = lambda: _relay_provider("spec_fused-jit", *cell,
-                                                           fused=True, jit_only=True)
+        makers["spec_fused-jit"] = lambda: _relay_provider(
+            "spec_fused-jit", *cell, fused=True, jit_only=True
+        )
     providers = [make() for name, make in makers.items() if names is None or name in names]
     if device.type == "cuda" and (names is None or any(n.startswith("floor") for n in names)):
         providers += [p for p in floor_providers(device) if names is None or p.name in names]
@@ -223,7 +270,7 @@ def measure_cell(providers: list, device, rounds: int, steps: int, warmup: int) 
         for _ in range(warmup):
             p.step()
     for r in range(rounds):
-        order = providers[r % len(providers):] + providers[:r % len(providers)]
+        order = providers[r % len(providers) :] + providers[: r % len(providers)]
         gc.collect()  # once per round, outside the blocks (GC is off inside them)
         for p in order:
             if p.patched is not None:

@@ -54,8 +54,11 @@ def _versions(device) -> dict:
     from spec_fused.tools.doctor import versions
 
     out = dict(versions())
-    out["device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        platform.processor() or platform.machine()
+    out["device"] = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine()
+    )
     return out
 
 
@@ -64,8 +67,11 @@ def _plugin() -> dict:
 
     off = sglang_patch.disabled_by()
     if off is not None:
-        return {"ok": False, "reason": f"{sglang_patch.ENV_DISABLE}={off}: spec_fused is "
-                                       f"disabled here, nothing it would run was checked"}
+        return {
+            "ok": False,
+            "reason": f"{sglang_patch.ENV_DISABLE}={off}: spec_fused is "
+            f"disabled here, nothing it would run was checked",
+        }
     try:
         version = sglang_patch.check_supported()
     except Exception as exc:  # UnsupportedSGLangError, or anything the probe tripped on
@@ -97,11 +103,20 @@ def _configs():
 def _correctness_case(algorithm, needs_cpu, seed, device, quick, env=None) -> dict:
     from spec_fused.tools.traces import TraceConfig
 
-    cfg = TraceConfig(seed=seed, pool=256, steps=20 if quick else 40, max_running=32,
-                      p_mixed=0.0 if not needs_cpu else 0.15,
-                      verify_cycles=200_000 if device.type == "cuda" else 0)
-    case = {"algorithm": algorithm, "needs_cpu_seq_lens": int(needs_cpu), "seed": seed,
-            "env": dict(env or {})}
+    cfg = TraceConfig(
+        seed=seed,
+        pool=256,
+        steps=20 if quick else 40,
+        max_running=32,
+        p_mixed=0.0 if not needs_cpu else 0.15,
+        verify_cycles=200_000 if device.type == "cuda" else 0,
+    )
+    case = {
+        "algorithm": algorithm,
+        "needs_cpu_seq_lens": int(needs_cpu),
+        "seed": seed,
+        "env": dict(env or {}),
+    }
     with settings.overridden(env):
         return _check_trace(case, algorithm, needs_cpu, cfg, device)
 
@@ -117,11 +132,13 @@ def _check_trace(case, algorithm, needs_cpu, cfg, device) -> dict:
         relay = relay_mod.relay_for(fm)
         if relay is None:
             lines = [m for m in _LOG.lines if "relay" in m or "refused" in m]
-            case.update(ok=False, why="the relay did not engage" +
-                        (f": {lines[-1]}" if lines else ""))
+            case.update(
+                ok=False, why="the relay did not engage" + (f": {lines[-1]}" if lines else "")
+            )
             return case
-        case.update(host_lengths=relay.host_seq_lens, variant=relay.variant,
-                    backend=relay.launcher.backend)
+        case.update(
+            host_lengths=relay.host_seq_lens, variant=relay.variant, backend=relay.launcher.backend
+        )
         exact = relay.gives_host_lengths(fm)
         guard = contextlib.nullcontext if exact else (lambda: _no_sync(device))
         try:
@@ -135,13 +152,17 @@ def _check_trace(case, algorithm, needs_cpu, cfg, device) -> dict:
     # SGLang's own FutureMap on the same trace; where the relay gives exact host lengths
     # on backends that opt out (an explicit "exact" claim), SGLang's as a backend that
     # reads them would get them.
-    want = run_trace(make_future_map(algorithm, cfg, device=device,
-                                     needs_cpu_seq_lens=needs_cpu or exact), cfg)
+    want = run_trace(
+        make_future_map(algorithm, cfg, device=device, needs_cpu_seq_lens=needs_cpu or exact), cfg
+    )
     bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
     if len(got) != len(want) or bad:
         step = bad[0] if bad else min(len(got), len(want))
-        case.update(ok=False, why=f"lengths differ from SGLang's at step {step} "
-                                  f"({want[step].kind if step < len(want) else '?'})")
+        case.update(
+            ok=False,
+            why=f"lengths differ from SGLang's at step {step} "
+            f"({want[step].kind if step < len(want) else '?'})",
+        )
     else:
         case.update(ok=True, steps=len(got), why="")
     return case
@@ -156,23 +177,29 @@ def _speed(device, quick) -> list:
     rows = []
     for needs_cpu in (False, True):
         for batch in BATCHES:
-            providers = measure.build_providers("EAGLE", device, needs_cpu, batch,
-                                                names=names)
+            providers = measure.build_providers("EAGLE", device, needs_cpu, batch, names=names)
             host = measure.measure_cell(providers, device, rounds, steps, warmup=5)
             for p in providers:
                 if p.patched is not None:
                     measure.set_patched(p.patched)
                 dev_us = measure.device_us(p.step, steps, device)
                 measure.set_patched(False)
-                rows.append({"provider": p.name, "needs_cpu_seq_lens": int(needs_cpu),
-                             "batch": batch, "host_us": statistics.median(host[p.name]),
-                             "device_us": dev_us})
+                rows.append(
+                    {
+                        "provider": p.name,
+                        "needs_cpu_seq_lens": int(needs_cpu),
+                        "batch": batch,
+                        "host_us": statistics.median(host[p.name]),
+                        "device_us": dev_us,
+                    }
+                )
     by = {(r["needs_cpu_seq_lens"], r["batch"], r["provider"]): r for r in rows}
     for r in rows:
         up = by[(r["needs_cpu_seq_lens"], r["batch"], "upstream")]
         r["host_x_upstream"] = r["host_us"] / up["host_us"]
-        r["device_x_upstream"] = (r["device_us"] / up["device_us"]
-                                  if r["device_us"] and up["device_us"] else None)
+        r["device_x_upstream"] = (
+            r["device_us"] / up["device_us"] if r["device_us"] and up["device_us"] else None
+        )
     return rows
 
 
@@ -216,10 +243,13 @@ def _run(quick: bool, device: Optional[str]) -> dict:
 
     t0 = time.perf_counter()
     # One key per physical device: the verdict proven here is the one the relay reads.
-    device = torch.device(device_key(device or ("cuda" if torch.cuda.is_available()
-                                                else "cpu")))
-    report = {"device": str(device), "versions": _versions(device), "quick": quick,
-              "gpu_times": device.type == "cuda"}
+    device = torch.device(device_key(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    report = {
+        "device": str(device),
+        "versions": _versions(device),
+        "quick": quick,
+        "gpu_times": device.type == "cuda",
+    }
     report["plugin"] = _plugin()
     ignored = ignored_force_backend()
     if report["plugin"]["ok"] and ignored is not None:
@@ -234,20 +264,30 @@ def _run(quick: bool, device: Optional[str]) -> dict:
     child = child_canary(device, debug=debug_enabled())
     if child["fault"]:
         report["canary"] = {"child": child, "describe": f"child process: {child['fault']}"}
-        report.update(ok=False, verdict=f"the fused kernel faulted here ({child['fault']}): "
-                                        f"a server leaves this device to SGLang's own relay")
+        report.update(
+            ok=False,
+            verdict=f"the fused kernel faulted here ({child['fault']}): "
+            f"a server leaves this device to SGLang's own relay",
+        )
         return report
     verdict = canary(device, debug=debug_enabled())  # as the server's prewarm runs it
-    report["canary"] = {"backend": verdict.backend, "direct": verdict.direct,
-                        "cases": verdict.cases, "notes": verdict.notes,
-                        "seconds": verdict.seconds, "child": child,
-                        "describe": verdict.describe()}
+    report["canary"] = {
+        "backend": verdict.backend,
+        "direct": verdict.direct,
+        "cases": verdict.cases,
+        "notes": verdict.notes,
+        "seconds": verdict.seconds,
+        "child": child,
+        "describe": verdict.describe(),
+    }
     report["backend"] = explain_backend(device)[1]
     seeds = (0, 1) if quick else (0, 1, 2, 3)
     report["correctness"] = [
         _correctness_case(a, needs_cpu, s, device, quick, env)
-        for needs_cpu, env, every_seed in _configs() for a in ALGORITHMS
-        for s in (seeds if every_seed else seeds[:1])]
+        for needs_cpu, env, every_seed in _configs()
+        for a in ALGORITHMS
+        for s in (seeds if every_seed else seeds[:1])
+    ]
     correct = all(c["ok"] for c in report["correctness"])
     report["speed"] = _speed(device, quick) if correct else []
     report["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -260,8 +300,8 @@ def _run(quick: bool, device: Optional[str]) -> dict:
 # interpreter's (TRITON_INTERPRET=1, milliseconds a launch) is a correctness run only.
 _CPU_TIMES = {
     "interpreter": " - CPU times of the Triton interpreter (a correctness run, not speed; "
-                   "without TRITON_INTERPRET a CPU server runs the torch reference), NOT GPU "
-                   "times",
+    "without TRITON_INTERPRET a CPU server runs the torch reference), NOT GPU "
+    "times",
 }
 
 
@@ -269,20 +309,28 @@ def _verdict(report: dict) -> str:
     if not report["ok"]:
         failed = [c for c in report["correctness"] if not c["ok"]]
         first = failed[0]
-        return (f"NOT correct here: {len(failed)} of {len(report['correctness'])} traces "
-                f"failed (first: {first['algorithm']}, needs_cpu_seq_lens="
-                f"{first['needs_cpu_seq_lens']}: {first['why']})")
+        return (
+            f"NOT correct here: {len(failed)} of {len(report['correctness'])} traces "
+            f"failed (first: {first['algorithm']}, needs_cpu_seq_lens="
+            f"{first['needs_cpu_seq_lens']}: {first['why']})"
+        )
     ours = [r["host_x_upstream"] for r in report["speed"] if r["provider"] == "spec_fused"]
-    text = (f"correct here ({len(report['correctness'])} traces equal SGLang's); host time "
-            f"per relay step {statistics.median(ours):.2f}x SGLang's (median over "
-            f"{len(ours)} cells)")
-    dev = [r["device_x_upstream"] for r in report["speed"]
-           if r["provider"] == "spec_fused" and r["device_x_upstream"]]
+    text = (
+        f"correct here ({len(report['correctness'])} traces equal SGLang's); host time "
+        f"per relay step {statistics.median(ours):.2f}x SGLang's (median over "
+        f"{len(ours)} cells)"
+    )
+    dev = [
+        r["device_x_upstream"]
+        for r in report["speed"]
+        if r["provider"] == "spec_fused" and r["device_x_upstream"]
+    ]
     if dev:
         text += f", device time {statistics.median(dev):.2f}x"
     if not report["gpu_times"]:
-        text += _CPU_TIMES.get(report["canary"]["backend"],
-                               " - CPU times of the torch reference, NOT GPU times")
+        text += _CPU_TIMES.get(
+            report["canary"]["backend"], " - CPU times of the torch reference, NOT GPU times"
+        )
     if report["canary"]["notes"]:
         text += f"; the canary stepped down: {'; '.join(report['canary']['notes'])}"
     return text
@@ -290,32 +338,51 @@ def _verdict(report: dict) -> str:
 
 def render(report: dict) -> str:
     v = report.get("versions", {})
-    out = [f"spec_fused selftest on {report['device']} ({v.get('device')}): SGLang "
-           f"{v.get('sglang')}, torch {v.get('torch')}, triton {v.get('triton')}, driver "
-           f"{v.get('driver')}", f"  plugin: {report['plugin']['reason']}"]
+    out = [
+        f"spec_fused selftest on {report['device']} ({v.get('device')}): SGLang "
+        f"{v.get('sglang')}, torch {v.get('torch')}, triton {v.get('triton')}, driver "
+        f"{v.get('driver')}",
+        f"  plugin: {report['plugin']['reason']}",
+    ]
     if "canary" in report:
         out.append(f"  canary: {report['canary']['describe']}")
         out.append(f"  backend: {report.get('backend', '-')}")
     cases = report.get("correctness", [])
     if cases:
-        out += ["", "Correctness (random traces, patched vs SGLang's own FutureMap)",
-                "  algorithm  needs_cpu_seq_lens  host lengths  variant       result"]
+        out += [
+            "",
+            "Correctness (random traces, patched vs SGLang's own FutureMap)",
+            "  algorithm  needs_cpu_seq_lens  host lengths  variant       result",
+        ]
         for c in cases:
             env = " ".join(f"{k}={v}" for k, v in c.get("env", {}).items())
-            out.append(f"  {c['algorithm']:<9}  {c['needs_cpu_seq_lens']:<18}  "
-                       f"{c.get('host_lengths', '-'):<12}  {c.get('variant', '-'):<12}  "
-                       f"{'ok' if c['ok'] else 'FAIL: ' + c['why']}"
-                       + (f"  ({env})" if env else ""))
+            out.append(
+                f"  {c['algorithm']:<9}  {c['needs_cpu_seq_lens']:<18}  "
+                f"{c.get('host_lengths', '-'):<12}  {c.get('variant', '-'):<12}  "
+                f"{'ok' if c['ok'] else 'FAIL: ' + c['why']}" + (f"  ({env})" if env else "")
+            )
     if report.get("speed"):
-        unit = "µs" if report["gpu_times"] else "µs (CPU, interpreter: not GPU times; " \
+        unit = (
+            "µs"
+            if report["gpu_times"]
+            else "µs (CPU, interpreter: not GPU times; "
             "the normal-launch and empty-launch rows are CUDA only)"
-        out += ["", f"Speed per relay step, EAGLE ({unit}; x = ratio to SGLang's)",
-                "  ncsl  batch  provider        host        device"]
+        )
+        out += [
+            "",
+            f"Speed per relay step, EAGLE ({unit}; x = ratio to SGLang's)",
+            "  ncsl  batch  provider        host        device",
+        ]
         for r in report["speed"]:
-            dev = "-" if r["device_us"] is None else \
-                f"{r['device_us']:.1f} ({r['device_x_upstream']:.2f}x)"
-            out.append(f"  {r['needs_cpu_seq_lens']:<4}  {r['batch']:<5}  {r['provider']:<14}"
-                       f"  {r['host_us']:.1f} ({r['host_x_upstream']:.2f}x)  {dev}")
+            dev = (
+                "-"
+                if r["device_us"] is None
+                else f"{r['device_us']:.1f} ({r['device_x_upstream']:.2f}x)"
+            )
+            out.append(
+                f"  {r['needs_cpu_seq_lens']:<4}  {r['batch']:<5}  {r['provider']:<14}"
+                f"  {r['host_us']:.1f} ({r['host_x_upstream']:.2f}x)  {dev}"
+            )
     if report.get("log"):
         out += ["", "spec_fused's log during the run"] + [f"  {m}" for m in report["log"]]
     out += ["", f"=> {report['verdict']}"]

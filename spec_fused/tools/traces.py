@@ -21,14 +21,23 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-__all__ = ["StepRecord", "TraceConfig", "decode_batch", "installed", "make_future_map",
-           "patched_future_map", "run_trace", "unpatched_then_patched"]
+__all__ = [
+    "StepRecord",
+    "TraceConfig",
+    "decode_batch",
+    "installed",
+    "make_future_map",
+    "patched_future_map",
+    "run_trace",
+    "unpatched_then_patched",
+]
 
 
 @dataclass
@@ -58,8 +67,9 @@ class StepRecord:
 
 
 def make_pool(pool: int, max_len: int, device="cpu"):
-    req_to_token = torch.arange(pool * max_len, dtype=torch.int32,
-                                device=device).reshape(pool, max_len)
+    req_to_token = torch.arange(pool * max_len, dtype=torch.int32, device=device).reshape(
+        pool, max_len
+    )
     return SimpleNamespace(req_to_token=req_to_token)
 
 
@@ -70,15 +80,21 @@ def installed(*names):
     return [n for n in names if n in SpeculativeAlgorithm.__members__]
 
 
-def make_future_map(spec_algo, cfg: TraceConfig, *, device="cpu", needs_cpu_seq_lens=True,
-                    **kwargs):
+def make_future_map(
+    spec_algo, cfg: TraceConfig, *, device="cpu", needs_cpu_seq_lens=True, **kwargs
+):
     from sglang.srt.managers.overlap_utils import FutureMap
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     if isinstance(spec_algo, str):
         spec_algo = SpeculativeAlgorithm[spec_algo]
-    return FutureMap(torch.device(device), spec_algo, make_pool(cfg.pool, cfg.max_len, device),
-                     needs_cpu_seq_lens=needs_cpu_seq_lens, **kwargs)
+    return FutureMap(
+        torch.device(device),
+        spec_algo,
+        make_pool(cfg.pool, cfg.max_len, device),
+        needs_cpu_seq_lens=needs_cpu_seq_lens,
+        **kwargs,
+    )
 
 
 def unpatched_then_patched(drive: Callable, algo, cfg: TraceConfig, **fm_kwargs):
@@ -127,7 +143,10 @@ def decode_batch(slots, cfg: Optional[TraceConfig] = None, device="cpu", *, host
         spec_info=SimpleNamespace(future_indices=fi),
         req_pool_indices=fi,
         req_pool_indices_cpu=host,
-        seq_lens=None, seq_lens_cpu=None, seq_lens_sum=None)
+        seq_lens=None,
+        seq_lens_cpu=None,
+        seq_lens_sum=None,
+    )
 
 
 def _to_device(t: torch.Tensor, device) -> torch.Tensor:
@@ -198,8 +217,10 @@ def _steps(fm, cfg: TraceConfig, device) -> tuple:
     records: list = []
 
     def publish(slots, lens):
-        fm.publish(_to_device(torch.tensor(slots, dtype=cfg.index_dtype), device),
-                   _to_device(torch.tensor(lens, dtype=cfg.value_dtype), device))
+        fm.publish(
+            _to_device(torch.tensor(slots, dtype=cfg.index_dtype), device),
+            _to_device(torch.tensor(lens, dtype=cfg.value_dtype), device),
+        )
 
     for _ in range(cfg.steps):
         joins = []
@@ -225,8 +246,10 @@ def _steps(fm, cfg: TraceConfig, device) -> tuple:
                 batch = decode_batch([], cfg, device)  # DP-idle: empty batch on this rank
                 fm.resolve_seq_lens_cpu(batch)
             with streams.on_forward():
-                fm.publish(_to_device(torch.empty(0, dtype=cfg.index_dtype), device),
-                           _to_device(torch.empty(0, dtype=cfg.value_dtype), device))
+                fm.publish(
+                    _to_device(torch.empty(0, dtype=cfg.index_dtype), device),
+                    _to_device(torch.empty(0, dtype=cfg.value_dtype), device),
+                )
             records.append(_record("idle", batch))
             continue
         slots = sorted(running)
@@ -257,18 +280,20 @@ def _record(kind: str, batch) -> StepRecord:
     lens = batch.seq_lens
     if isinstance(lens, torch.Tensor) and lens.device.type != "cpu":
         lens = lens.clone()  # on the current (schedule) stream: no host sync mid-trace
-    return StepRecord(kind, _value(lens), _value(batch.seq_lens_cpu),
-                      _value(batch.seq_lens_sum))
+    return StepRecord(kind, _value(lens), _value(batch.seq_lens_cpu), _value(batch.seq_lens_sum))
 
 
 def _on_host(record: StepRecord) -> StepRecord:
     def host(x):
         return x.tolist() if isinstance(x, torch.Tensor) else x
 
-    return StepRecord(record.kind, host(record.seq_lens), host(record.seq_lens_cpu),
-                      host(record.seq_lens_sum),
-                      tuple(host(e) if isinstance(e, torch.Tensor) else e
-                            for e in record.extra))
+    return StepRecord(
+        record.kind,
+        host(record.seq_lens),
+        host(record.seq_lens_cpu),
+        host(record.seq_lens_sum),
+        tuple(host(e) if isinstance(e, torch.Tensor) else e for e in record.extra),
+    )
 
 
 def _mixed_step(fm, tails, cfg, rng, device) -> StepRecord:
@@ -288,5 +313,10 @@ def _mixed_step(fm, tails, cfg, rng, device) -> StepRecord:
     out_cache_loc: Optional[torch.Tensor] = batch.out_cache_loc
     if out_cache_loc.device.type != "cpu":
         out_cache_loc = out_cache_loc.clone()
-    return StepRecord("mixed", _value(batch.seq_lens), _value(batch.seq_lens_cpu),
-                      _value(batch.seq_lens_sum), (out_cache_loc, tuple(batch.prefix_lens)))
+    return StepRecord(
+        "mixed",
+        _value(batch.seq_lens),
+        _value(batch.seq_lens_cpu),
+        _value(batch.seq_lens_sum),
+        (out_cache_loc, tuple(batch.prefix_lens)),
+    )

@@ -26,9 +26,18 @@ def test_installed_and_known_algorithms(registered):
     registered("plugin_algo", SpecCaps(True, "exact", "mine"))
     known = caps_mod.known_algorithms()
     assert len(known) == len(set(known))
-    assert set(known) == set(installed) | {"DFLASH", "DSPARK", "UNO", "EAGLE", "EAGLE3",
-                                           "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE",
-                                           "PLUGIN_ALGO"}
+    assert set(known) == set(installed) | {
+        "DFLASH",
+        "DSPARK",
+        "UNO",
+        "EAGLE",
+        "EAGLE3",
+        "FROZEN_KV_MTP",
+        "STANDALONE",
+        "NGRAM",
+        "NONE",
+        "PLUGIN_ALGO",
+    }
 
 
 def test_a_member_of_the_installed_sglang_is_known_even_without_capabilities(monkeypatch):
@@ -47,8 +56,10 @@ def test_without_sglang_nothing_is_installed(monkeypatch):
 def test_a_registered_algorithm_keeps_later_layers_sources_and_wins_over_the_table(registered):
     with pytest.raises(TypeError, match="^caps must be a SpecCaps$"):
         register_caps("bad", (True, "exact"))
-    registered("eagle", SpecCaps(False, "none", "plugin EAGLE", host_source="forced",
-                                 barrier_source="installed"))
+    registered(
+        "eagle",
+        SpecCaps(False, "none", "plugin EAGLE", host_source="forced", barrier_source="installed"),
+    )
     got = caps_for("EAGLE", env=NO_ENV)
     assert (got.needs_war_barrier, got.barrier_source) == (False, "installed")
     assert (got.host_seq_lens, got.host_source) == ("none", "forced")
@@ -62,12 +73,14 @@ def test_a_registered_algorithms_table_claims_count_as_its_workers(registered):
     assert (got.host_seq_lens, got.host_source, got.refused) == ("reserved", "worker", ())
 
 
-@pytest.mark.parametrize("backends, why", [
-    (NEEDS, "an attention backend reads host lengths (needs_cpu_seq_lens)"),
-    (None, "the attention backends' need for host lengths is not known here"),
-])
-def test_a_registered_algorithm_cannot_take_host_lengths_from_a_backend(registered,
-                                                                        backends, why):
+@pytest.mark.parametrize(
+    "backends, why",
+    [
+        (NEEDS, "an attention backend reads host lengths (needs_cpu_seq_lens)"),
+        (None, "the attention backends' need for host lengths is not known here"),
+    ],
+)
+def test_a_registered_algorithm_cannot_take_host_lengths_from_a_backend(registered, backends, why):
     registered("plugin_algo", SpecCaps(True, "reserved", "mine"))
     got = caps_for("plugin_algo", attn_backends=backends, env=NO_ENV)
     assert (got.host_seq_lens, got.host_source) == ("exact", "backends")
@@ -79,6 +92,8 @@ def test_an_unknown_algorithm_names_the_known_ones_sorted_and_how_to_declare_one
     with pytest.raises(KeyError) as info:
         caps_for("medusa", env=NO_ENV)
     msg = str(info.value)
-    assert "no capabilities for speculative algorithm 'MEDUSA'; known: DFLASH, DSPARK, " \
-           "EAGLE, EAGLE3, FROZEN_KV_MTP, NGRAM, NONE, STANDALONE, UNO." in msg
+    assert (
+        "no capabilities for speculative algorithm 'MEDUSA'; known: DFLASH, DSPARK, "
+        "EAGLE, EAGLE3, FROZEN_KV_MTP, NGRAM, NONE, STANDALONE, UNO." in msg
+    )
     assert "register_caps(name, SpecCaps(...))" in msg

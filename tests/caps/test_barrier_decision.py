@@ -28,8 +28,9 @@ def scheduler_cls(tmp_path_factory):
     module = light_scheduler(tmp_path_factory.mktemp("scheduler"))
     patches = PatchSet()
     sglang_patch._patch_scheduler(patches, module, sglang_patch._sglang_version())
-    assert isinstance(module.Scheduler.__dict__.get("_war_barrier_enabled"), property), \
+    assert isinstance(module.Scheduler.__dict__.get("_war_barrier_enabled"), property), (
         "the patch refused the installed release's own _apply_war_barrier"
+    )
     sglang_patch.apply()
     yield module.Scheduler
     sglang_patch.remove()
@@ -39,8 +40,9 @@ def scheduler_cls(tmp_path_factory):
 @pytest.mark.parametrize("algorithm", list(SpeculativeAlgorithm), ids=lambda a: a.name)
 @pytest.mark.parametrize("needs_cpu, tbo", BACKEND_TBO)
 def test_barrier_matrix(scheduler_cls, algorithm, needs_cpu, tbo, monkeypatch):
-    check_barrier_matrix(scheduler_cls, algorithm, needs_cpu=needs_cpu, tbo=tbo,
-                         monkeypatch=monkeypatch)
+    check_barrier_matrix(
+        scheduler_cls, algorithm, needs_cpu=needs_cpu, tbo=tbo, monkeypatch=monkeypatch
+    )
 
 
 def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
@@ -49,8 +51,11 @@ def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
 
     light_scheduler(tmp_path)
     path = tmp_path / "light_scheduler.py"
-    path.write_text(path.read_text().replace("if not self._war_barrier_enabled:",
-                                             "if not self._war_barrier_enabled or False:"))
+    path.write_text(
+        path.read_text().replace(
+            "if not self._war_barrier_enabled:", "if not self._war_barrier_enabled or False:"
+        )
+    )
     spec = importlib.util.spec_from_file_location("sglang.srt.managers.scheduler", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -64,8 +69,9 @@ def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("tbo", [False, True])
-def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(scheduler_cls, tbo,
-                                                                      monkeypatch):
+def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(
+    scheduler_cls, tbo, monkeypatch
+):
     """A worker that declares it needs no host lengths, on backends that opt out of them,
     gets none - unless two-batch overlap is on, read the way the installed release reads
     it: then exact, as upstream forces them (TBO splits batches on host lengths)."""
@@ -80,8 +86,9 @@ def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(schedule
     algo = SpeculativeAlgorithm.EAGLE
     with server_config(tbo=tbo, algorithm="EAGLE") as args:
         fm = make_future_map(algo, TraceConfig(pool=16, max_len=8), needs_cpu_seq_lens=False)
-        sched = make_scheduler(scheduler_cls, algo, fm,
-                               worker=SimpleNamespace(host_seq_lens="none"), server_args=args)
+        sched = make_scheduler(
+            scheduler_cls, algo, fm, worker=SimpleNamespace(host_seq_lens="none"), server_args=args
+        )
         barrier_calls(sched, True)
         relay = relay_mod.relay_for(fm)
     assert relay.host_seq_lens == ("exact" if tbo else "none"), relay.caps.explain()
@@ -95,8 +102,9 @@ def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(schedule
 @pytest.mark.parametrize("worker_host", [None, "exact", "reserved", "none"])
 @pytest.mark.parametrize("needs_cpu, tbo", BACKEND_TBO)
 @pytest.mark.parametrize("algorithm", ["EAGLE", "DFLASH", "NGRAM"])
-def test_traces_under_the_filed_caps_match_upstream(scheduler_cls, algorithm, needs_cpu, tbo,
-                                                    worker_host, monkeypatch):
+def test_traces_under_the_filed_caps_match_upstream(
+    scheduler_cls, algorithm, needs_cpu, tbo, worker_host, monkeypatch
+):
     """Not only the decision: a whole trace through the FutureMap whose caps the scheduler
     filed (its worker's host-length claim, two-batch overlap as the release reads it)
     equals upstream's. The reference is SGLang's own FutureMap given host lengths exactly
@@ -113,10 +121,10 @@ def test_traces_under_the_filed_caps_match_upstream(scheduler_cls, algorithm, ne
         monkeypatch.delenv(name, raising=False)
     algo = SpeculativeAlgorithm[algorithm]
     host_lengths = needs_cpu or worker_host == "exact"
-    cfg = TraceConfig(seed=7, pool=64, steps=25,
-                      p_mixed=0.15 if host_lengths == needs_cpu else 0.0)
-    worker = SimpleNamespace() if worker_host is None else \
-        SimpleNamespace(host_seq_lens=worker_host)
+    cfg = TraceConfig(seed=7, pool=64, steps=25, p_mixed=0.15 if host_lengths == needs_cpu else 0.0)
+    worker = (
+        SimpleNamespace() if worker_host is None else SimpleNamespace(host_seq_lens=worker_host)
+    )
     with server_config(tbo=tbo, algorithm=algorithm) as args:
         sglang_patch.remove()
         try:
@@ -124,10 +132,12 @@ def test_traces_under_the_filed_caps_match_upstream(scheduler_cls, algorithm, ne
         finally:
             sglang_patch.apply()
         fm = make_future_map(algo, cfg, needs_cpu_seq_lens=needs_cpu)
-        barrier_calls(make_scheduler(scheduler_cls, algo, fm, worker=worker, server_args=args),
-                      True)
+        barrier_calls(
+            make_scheduler(scheduler_cls, algo, fm, worker=worker, server_args=args), True
+        )
         relay = relay_mod.relay_for(fm)
-        assert relay.host_seq_lens == expected_host(algorithm, needs_cpu=needs_cpu, tbo=tbo,
-                                                    worker=worker_host), relay.caps.explain()
+        assert relay.host_seq_lens == expected_host(
+            algorithm, needs_cpu=needs_cpu, tbo=tbo, worker=worker_host
+        ), relay.caps.explain()
         got = run_trace(fm, cfg)
     assert got == want

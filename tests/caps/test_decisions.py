@@ -4,6 +4,7 @@ upstream's behaviour (tests/support/upstream_rules.py), never against its own ta
 Space: every algorithm of the installed SGLang x ``needs_cpu_seq_lens`` 0/1 x two-batch
 overlap on/off/unknown x the worker's own declaration x the environment's overrides."""
 
+import dataclasses
 import itertools
 import types
 
@@ -51,22 +52,31 @@ def _env(barrier=None, host=None):
 def test_every_configuration_decides_as_the_rules_say(algorithm, needs_cpu, tbo):
     """Upstream forces host lengths under TBO, so ``needs_cpu_seq_lens`` is True there."""
     for worker_barrier, env_barrier, worker_host, env_host in itertools.product(
-            (None, True, False), (None, "0", "1"), (None, "exact", "reserved", "none"),
-            (None, "exact", "reserved", "none")):
-        got = decide(algorithm, worker=_worker(worker_barrier, worker_host),
-                     attn_backends=[BackendsDecision(needs_cpu)], two_batch_overlap=tbo,
-                     env=_env(env_barrier, env_host))
+        (None, True, False),
+        (None, "0", "1"),
+        (None, "exact", "reserved", "none"),
+        (None, "exact", "reserved", "none"),
+    ):
+        got = decide(
+            algorithm,
+            worker=_worker(worker_barrier, worker_host),
+            attn_backends=[BackendsDecision(needs_cpu)],
+            two_batch_overlap=tbo,
+            env=_env(env_barrier, env_host),
+        )
         want_barrier = expected_barrier(True, worker_barrier, env_barrier, FENCES)
-        want_host = expected_host(algorithm, needs_cpu=needs_cpu, tbo=tbo,
-                                  worker=worker_host, env=env_host)
+        want_host = expected_host(
+            algorithm, needs_cpu=needs_cpu, tbo=tbo, worker=worker_host, env=env_host
+        )
         where = (algorithm, needs_cpu, tbo, worker_barrier, env_barrier, worker_host, env_host)
         assert got.needs_war_barrier is want_barrier, where
         assert got.host_seq_lens == want_host, where
-        assert select_variant(got) == ("barrier_free" if not want_barrier
-                                       and want_host != "exact" else "war_guarded"), where
+        assert select_variant(got) == (
+            "barrier_free" if not want_barrier and want_host != "exact" else "war_guarded"
+        ), where
         assert len(got.refused) == expected_refusals(
-            algorithm, needs_cpu=needs_cpu, tbo=tbo, worker=worker_host, env=env_host), (
-            where, got.refused)
+            algorithm, needs_cpu=needs_cpu, tbo=tbo, worker=worker_host, env=env_host
+        ), (where, got.refused)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -89,38 +99,53 @@ def test_each_claim_keeps_its_own_source():
     assert (got.needs_war_barrier, got.barrier_source) == (False, "worker")
 
 
-@pytest.mark.parametrize("algorithm, tbo", [("NGRAM", False), ("EAGLE", True),
-                                              ("DFLASH", None)])
+@pytest.mark.parametrize("algorithm, tbo", [("NGRAM", False), ("EAGLE", True), ("DFLASH", None)])
 def test_a_workers_exact_claim_survives_what_upstream_forces(algorithm, tbo):
     """Upstream's forcing and the worker agree on exact; the worker's claim is kept as
     the source, so its lengths reach the batch even where the backends opt out (the
     relay gives a forced "exact" only where upstream's FutureMap asks for host lengths)."""
-    got = decide(algorithm, worker=_worker(host="exact"), attn_backends=[BackendsDecision(False)],
-                 two_batch_overlap=tbo, env=NO_ENV)
+    got = decide(
+        algorithm,
+        worker=_worker(host="exact"),
+        attn_backends=[BackendsDecision(False)],
+        two_batch_overlap=tbo,
+        env=NO_ENV,
+    )
     assert (got.host_seq_lens, got.host_source, got.refused) == ("exact", "worker", ())
-    got = decide(algorithm, worker=_worker(host="none"), attn_backends=[BackendsDecision(False)],
-                 two_batch_overlap=tbo, env=NO_ENV)
+    got = decide(
+        algorithm,
+        worker=_worker(host="none"),
+        attn_backends=[BackendsDecision(False)],
+        two_batch_overlap=tbo,
+        env=NO_ENV,
+    )
     assert (got.host_seq_lens, got.host_source) == ("exact", "forced")
 
 
 def test_unknown_two_batch_overlap_counts_as_on():
-    got = decide("DFLASH", attn_backends=[BackendsDecision(True)], two_batch_overlap=None,
-                 env=NO_ENV)
+    got = decide(
+        "DFLASH", attn_backends=[BackendsDecision(True)], two_batch_overlap=None, env=NO_ENV
+    )
     assert (got.host_seq_lens, got.host_source) == ("exact", "forced")
     assert "could not be ruled out" in got.why_host()
 
 
-@pytest.mark.parametrize("env_host, why", [
-    ("none", "an attention backend reads host lengths"),
-    ("reserved", "an attention backend reads host lengths"),
-])
+@pytest.mark.parametrize(
+    "env_host, why",
+    [
+        ("none", "an attention backend reads host lengths"),
+        ("reserved", "an attention backend reads host lengths"),
+    ],
+)
 def test_unsafe_host_overrides_are_refused_with_the_reason(env_host, why):
-    got = caps_for("EAGLE", attn_backends=[BackendsDecision(True)],
-                   env={"SPEC_FUSED_HOST_SEQ_LENS": env_host})
+    got = caps_for(
+        "EAGLE", attn_backends=[BackendsDecision(True)], env={"SPEC_FUSED_HOST_SEQ_LENS": env_host}
+    )
     assert got.host_seq_lens == "exact" and len(got.refused) == 1
     assert why in got.refused[0] and env_host in got.refused[0]
-    ngram = caps_for("NGRAM", attn_backends=[BackendsDecision(False)],
-                     env={"SPEC_FUSED_HOST_SEQ_LENS": "none"})
+    ngram = caps_for(
+        "NGRAM", attn_backends=[BackendsDecision(False)], env={"SPEC_FUSED_HOST_SEQ_LENS": "none"}
+    )
     assert ngram.host_seq_lens == "exact" and "NGRAM" in ngram.refused[0]
     unknown = caps_for("EAGLE", env={"SPEC_FUSED_HOST_SEQ_LENS": "none"})
     assert unknown.host_seq_lens == "exact" and "not known" in unknown.refused[0]
@@ -142,7 +167,7 @@ def test_every_installed_member_has_capabilities_with_a_reason():
 
 def test_spec_caps_is_frozen_and_checked():
     caps = SpecCaps(True, "exact")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         caps.needs_war_barrier = False
     with pytest.raises(ValueError, match="host_seq_lens must be one of"):
         SpecCaps(True, "sometimes")
@@ -152,11 +177,14 @@ def test_spec_caps_is_frozen_and_checked():
         SpecCaps(True, "exact", barrier_source="rumour")
 
 
-@pytest.mark.parametrize("key,value,allowed", [
-    ("SPEC_FUSED_WAR_BARRIER", "yes", "0, 1"),
-    ("SPEC_FUSED_WAR_BARRIER", "2", "0, 1"),
-    ("SPEC_FUSED_HOST_SEQ_LENS", "approx", "exact, reserved, none"),
-])
+@pytest.mark.parametrize(
+    "key,value,allowed",
+    [
+        ("SPEC_FUSED_WAR_BARRIER", "yes", "0, 1"),
+        ("SPEC_FUSED_WAR_BARRIER", "2", "0, 1"),
+        ("SPEC_FUSED_HOST_SEQ_LENS", "approx", "exact, reserved, none"),
+    ],
+)
 def test_bad_env_values_name_the_variable_and_the_allowed_values(key, value, allowed):
     with pytest.raises(ValueError) as info:
         caps_for("EAGLE", env={key: value})

@@ -13,17 +13,25 @@ def test_describe_rows_carry_both_decisions_and_their_sources(monkeypatch):
     monkeypatch.setattr(upstream, "fences_own_shared_writes", fencing(False))
     rows = {r["algorithm"]: r for r in describe(env=NO_ENV, attn_backends=OPT_OUT)}
     eagle = rows["EAGLE"]
-    assert (eagle["needs_war_barrier"], eagle["host_seq_lens"], eagle["variant"]) == \
-        (True, "none", "war_guarded")
-    assert (eagle["barrier_source"], eagle["host_source"], eagle["refused"]) == \
-        ("table", "backends", [])
+    assert (eagle["needs_war_barrier"], eagle["host_seq_lens"], eagle["variant"]) == (
+        True,
+        "none",
+        "war_guarded",
+    )
+    assert (eagle["barrier_source"], eagle["host_source"], eagle["refused"]) == (
+        "table",
+        "backends",
+        [],
+    )
     assert eagle["declared"] == "True/none" and eagle["in_sglang"] is True
     dflash = rows["DFLASH"]
     assert dflash["declared"] == "False/none"
     assert (dflash["needs_war_barrier"], dflash["barrier_source"]) == (True, "installed")
     assert "no verify_done" in dflash["reason"]
-    rows = {r["algorithm"]: r for r in describe(env=NO_ENV, attn_backends=OPT_OUT,
-                                                  two_batch_overlap=True)}
+    rows = {
+        r["algorithm"]: r
+        for r in describe(env=NO_ENV, attn_backends=OPT_OUT, two_batch_overlap=True)
+    }
     assert (rows["EAGLE"]["host_seq_lens"], rows["EAGLE"]["host_source"]) == ("exact", "forced")
 
 
@@ -32,17 +40,21 @@ def test_describe_with_nothing_known_declares_dflashs_table_entry(monkeypatch):
     monkeypatch.setattr(upstream, "plans_with_reserved_bound", lambda name: name == "DFLASH")
     rows = {r["algorithm"]: r for r in describe(env=NO_ENV)}
     assert rows["DFLASH"]["declared"] == "False/reserved"
-    assert (rows["DFLASH"]["host_seq_lens"], rows["DFLASH"]["host_source"]) == \
-        ("exact", "installed")
-    assert "the installed worker plans with its reserved bound only where" in \
-        rows["DFLASH"]["reason"]
+    assert (rows["DFLASH"]["host_seq_lens"], rows["DFLASH"]["host_source"]) == (
+        "exact",
+        "installed",
+    )
+    assert (
+        "the installed worker plans with its reserved bound only where" in rows["DFLASH"]["reason"]
+    )
 
 
 def test_describe_reports_refused_overrides():
     rows = {r["algorithm"]: r for r in describe(env={HOST_ENV: "none"}, attn_backends=NEEDS)}
     assert rows["EAGLE"]["refused"] == [
         "SPEC_FUSED_HOST_SEQ_LENS=none for EAGLE: an attention backend reads host lengths "
-        "(needs_cpu_seq_lens)"]
+        "(needs_cpu_seq_lens)"
+    ]
     assert "refused: SPEC_FUSED_HOST_SEQ_LENS=none" in rows["EAGLE"]["reason"]
 
 

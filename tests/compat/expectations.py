@@ -35,10 +35,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _BASE = ("DFLASH", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE")
-_DSPARK = ("DFLASH", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM",
-           "NONE")
-_UNO = ("DFLASH", "UNO", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM",
-        "NONE")
+_DSPARK = ("DFLASH", "DSPARK", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NONE")
+_UNO = (
+    "DFLASH",
+    "UNO",
+    "DSPARK",
+    "EAGLE",
+    "EAGLE3",
+    "FROZEN_KV_MTP",
+    "STANDALONE",
+    "NGRAM",
+    "NONE",
+)
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,7 @@ _WF, _SR = "war_fastpath", "shared_read"
 
 RELEASES = {
     "0.5.15": Release(_BASE, False, False, False, False, False, _R, "not DFLASH", _SA, _WF),
-    "0.5.15.post1": Release(_BASE, False, False, False, False, False, _R, "not DFLASH", _SA,
-                            _WF),
+    "0.5.15.post1": Release(_BASE, False, False, False, False, False, _R, "not DFLASH", _SA, _WF),
     "0.5.16": Release(_DSPARK, True, True, False, False, False, _R, "False", _SA, _WF),
     "0.5.17": Release(_DSPARK, True, True, False, False, False, _R, "False", _SA, _WF),
     "0.5.18": Release(_DSPARK, True, True, False, False, False, _R, "False", _SA, _SR),
@@ -87,6 +94,8 @@ def expectation_for(version: str = None) -> Release:
     no row fails here, by name, rather than testing against another release's facts."""
     version = version or installed_version()
     if version not in RELEASES:
-        raise LookupError(f"no expectations written for SGLang {version}; read its wheel "
-                          f"and add a row to tests/compat/expectations.py")
+        raise LookupError(
+            f"no expectations written for SGLang {version}; read its wheel "
+            f"and add a row to tests/compat/expectations.py"
+        )
     return RELEASES[version]

@@ -22,6 +22,7 @@ from spec_fused.integration.tested_code import TESTED_CODE
 VERSION = sglang_patch._sglang_version()
 SOURCE = Path(overlap_utils.__file__).read_text(encoding="utf-8")
 
+
 def _new_keyword(src: str) -> str:
     """``publish`` grows a keyword after ``new_seq_lens`` (on one line or several)."""
     at = src.index("def publish(")
@@ -32,9 +33,11 @@ def _new_keyword(src: str) -> str:
 def _new_branch(src: str) -> str:
     """``resolve_seq_lens_cpu`` grows a fast path (a restored DFLASH direct carry)."""
     anchor = "        batch.seq_lens = self.new_seq_lens_buf[fi]\n"
-    branch = ("        if getattr(draft_input, 'direct_carry_valid', False):\n"
-              "            batch.seq_lens = draft_input.new_seq_lens\n"
-              "            return\n")
+    branch = (
+        "        if getattr(draft_input, 'direct_carry_valid', False):\n"
+        "            batch.seq_lens = draft_input.new_seq_lens\n"
+        "            return\n"
+    )
     assert src.count(anchor) == 1
     return src.replace(anchor, branch + anchor)
 
@@ -100,9 +103,11 @@ def installed_as(monkeypatch):
 
     def install(module):
         monkeypatch.setitem(sys.modules, "sglang.srt.managers.overlap_utils", module)
-        monkeypatch.setattr(importlib, "import_module",
-                            lambda n, *a: module if n == "sglang.srt.managers.overlap_utils"
-                            else real(n, *a))
+        monkeypatch.setattr(
+            importlib,
+            "import_module",
+            lambda n, *a: module if n == "sglang.srt.managers.overlap_utils" else real(n, *a),
+        )
         return module
 
     yield install
@@ -110,8 +115,9 @@ def installed_as(monkeypatch):
 
 
 @pytest.mark.parametrize("edit", [_new_keyword, _new_branch], ids=["keyword", "branch"])
-def test_an_edited_release_is_refused_in_one_line_and_sglang_runs(tmp_path, installed_as,
-                                                                 caplog, edit):
+def test_an_edited_release_is_refused_in_one_line_and_sglang_runs(
+    tmp_path, installed_as, caplog, edit
+):
     module = installed_as(_edited(tmp_path, edit))
     before = dict(module.FutureMap.__dict__)
     with pytest.raises(UnsupportedSGLangError, match="not tested"):
@@ -123,8 +129,9 @@ def test_an_edited_release_is_refused_in_one_line_and_sglang_runs(tmp_path, inst
     assert dict(module.FutureMap.__dict__) == before and not sglang_patch.is_applied()
 
 
-def test_untested_code_runs_only_when_allowed_and_says_so(tmp_path, installed_as, monkeypatch,
-                                                          caplog):
+def test_untested_code_runs_only_when_allowed_and_says_so(
+    tmp_path, installed_as, monkeypatch, caplog
+):
     installed_as(_edited(tmp_path, _new_branch))
     monkeypatch.setenv("SPEC_FUSED_ALLOW_UNTESTED", "1")
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
@@ -134,8 +141,9 @@ def test_untested_code_runs_only_when_allowed_and_says_so(tmp_path, installed_as
     assert any("SPEC_FUSED_ALLOW_UNTESTED=1" in r.getMessage() for r in caplog.records)
 
 
-def test_arguments_the_replacements_do_not_know_go_to_sglangs_original(tmp_path, installed_as,
-                                                                      monkeypatch):
+def test_arguments_the_replacements_do_not_know_go_to_sglangs_original(
+    tmp_path, installed_as, monkeypatch
+):
     """A publish with a keyword the relay does not know (a newer SGLang's, run with
     SPEC_FUSED_ALLOW_UNTESTED=1) is SGLang's own publish, after the pending one lands:
     never a TypeError from the replacement inside the scheduler loop."""

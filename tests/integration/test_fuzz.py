@@ -19,8 +19,16 @@ from spec_fused.kernels.publish_gather import publish_gather, publish_gather_ref
 from spec_fused.kernels.step_launcher import StepLauncher
 from spec_fused.tools.traces import TraceConfig, decode_batch, unpatched_then_patched
 
-DTYPES = [torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-          torch.float32, torch.float16]
+DTYPES = [
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.float32,
+    torch.float16,
+]
 INDEX = (torch.int32, torch.int64)
 
 
@@ -64,8 +72,13 @@ def oracle(buf, gather, pub, val, host):
             broken.add(ValueError)
         if (pub is not None and pub.dtype not in INDEX) or (val is not None and not _integer(val)):
             broken.add(TypeError)
-        if pub is not None and val is not None and pub.dim() == 1 and val.dim() == 1 \
-                and pub.shape[0] != val.shape[0]:
+        if (
+            pub is not None
+            and val is not None
+            and pub.dim() == 1
+            and val.dim() == 1
+            and pub.shape[0] != val.shape[0]
+        ):
             broken.add(ValueError)
     if broken:
         return "error", broken
@@ -80,13 +93,17 @@ def oracle(buf, gather, pub, val, host):
         after[pub.long()] = val.to(torch.int64)
     lens = after[gather.long()]
     total = int(lens.sum())
-    return "ok", (after.tolist(), lens.tolist(), total,
-                  lens.tolist() + [total] if host else None)
+    return "ok", (after.tolist(), lens.tolist(), total, lens.tolist() + [total] if host else None)
 
 
 @settings(max_examples=200)
-@given(buf=any_tensor(hi=10**6), gather=any_tensor(), pub=st.none() | any_tensor(),
-       val=st.none() | any_tensor(hi=10**4), host=st.booleans())
+@given(
+    buf=any_tensor(hi=10**6),
+    gather=any_tensor(),
+    pub=st.none() | any_tensor(),
+    val=st.none() | any_tensor(hi=10**4),
+    host=st.booleans(),
+)
 def test_public_api_fuzz(buf, gather, pub, val, host):
     host_out = None
     if host and gather.dim() == 1:
@@ -106,16 +123,28 @@ def test_public_api_fuzz(buf, gather, pub, val, host):
                 assert torch.equal(h, host_out), "host_out written before the error"
             continue
         assert want[0] == "ok", (fn.__name__, want)
-        got = (b.tolist(), res.seq_lens.tolist(), int(res.seq_lens_sum),
-               None if h is None else h.tolist())
+        got = (
+            b.tolist(),
+            res.seq_lens.tolist(),
+            int(res.seq_lens_sum),
+            None if h is None else h.tolist(),
+        )
         assert got == want[1], fn.__name__
 
 
 @settings(max_examples=60)
-@given(ops=st.lists(st.tuples(st.sampled_from(["publish", "resolve", "mixed", "read"]),
-                              st.lists(st.integers(0, 31), max_size=12, unique=True),
-                              st.integers(0, 500)), max_size=30),
-       algo=st.sampled_from(["EAGLE", "DFLASH", "NGRAM"]), needs_cpu=st.booleans())
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["publish", "resolve", "mixed", "read"]),
+            st.lists(st.integers(0, 31), max_size=12, unique=True),
+            st.integers(0, 500),
+        ),
+        max_size=30,
+    ),
+    algo=st.sampled_from(["EAGLE", "DFLASH", "NGRAM"]),
+    needs_cpu=st.booleans(),
+)
 def test_patched_future_map_op_sequence_fuzz(ops, algo, needs_cpu):
     """Any sequence of publish/resolve/mixed-tail/buffer reads, patched vs unpatched."""
     cfg = TraceConfig(pool=32, max_len=1024)
@@ -125,30 +154,41 @@ def test_patched_future_map_op_sequence_fuzz(ops, algo, needs_cpu):
         fm.new_seq_lens_buf.zero_()  # defined start (upstream allocates with empty)
         for op, slots, v in ops:
             if op == "publish":
-                fm.publish(torch.tensor(slots, dtype=torch.int64),
-                           torch.tensor([v + s for s in slots], dtype=torch.int32))
+                fm.publish(
+                    torch.tensor(slots, dtype=torch.int64),
+                    torch.tensor([v + s for s in slots], dtype=torch.int32),
+                )
             elif op == "resolve":
                 b = decode_batch(slots, cfg)
                 fm.resolve_seq_lens_cpu(b)
-                seen.append(("r", b.seq_lens.tolist(),
-                             None if b.seq_lens_cpu is None else b.seq_lens_cpu.tolist(),
-                             b.seq_lens_sum))
+                seen.append(
+                    (
+                        "r",
+                        b.seq_lens.tolist(),
+                        None if b.seq_lens_cpu is None else b.seq_lens_cpu.tolist(),
+                        b.seq_lens_sum,
+                    )
+                )
             elif op == "mixed" and slots and hasattr(fm, "resolve_mixed_spec_tails"):
                 n = len(slots)
                 b = SimpleNamespace(
                     mix_running_indices=torch.tensor(slots),
                     mix_running_indices_cpu=torch.tensor(slots),
                     seq_lens=torch.zeros(n + 1, dtype=torch.int64),
-                    seq_lens_cpu=torch.zeros(n + 1, dtype=torch.int64), seq_lens_sum=0,
-                    out_cache_loc=torch.zeros(n + 1, dtype=torch.int64), prefix_lens=[0] * (n + 1))
+                    seq_lens_cpu=torch.zeros(n + 1, dtype=torch.int64),
+                    seq_lens_sum=0,
+                    out_cache_loc=torch.zeros(n + 1, dtype=torch.int64),
+                    prefix_lens=[0] * (n + 1),
+                )
                 fm.resolve_mixed_spec_tails(b)
                 seen.append(("m", b.seq_lens.tolist(), b.prefix_lens, b.seq_lens_sum))
             else:
                 seen.append(("b", fm.new_seq_lens_buf.tolist()))
         return seen
 
-    want, got = unpatched_then_patched(drive, SpeculativeAlgorithm[algo], cfg,
-                                       needs_cpu_seq_lens=needs_cpu)
+    want, got = unpatched_then_patched(
+        drive, SpeculativeAlgorithm[algo], cfg, needs_cpu_seq_lens=needs_cpu
+    )
     assert got == want
 
 
@@ -165,8 +205,9 @@ def test_stateful_launcher_host_rows_fuzz(slots, max_batch, seed):
     pg = StepLauncher(buf, max_batch=max_batch)
     gi = torch.tensor(slots, dtype=torch.int64)
     try:
-        pg.launch_checked(gi, torch.tensor(pub, dtype=torch.int64),
-                          torch.tensor(vals, dtype=torch.int32), True)
+        pg.launch_checked(
+            gi, torch.tensor(pub, dtype=torch.int64), torch.tensor(vals, dtype=torch.int32), True
+        )
     except ValueError as exc:
         assert len(slots) > max_batch and "max_batch" in str(exc)
         assert torch.equal(buf, torch.arange(64, dtype=torch.int64) * 3)

@@ -8,8 +8,6 @@ runs the moment that function does. The core is every module outside ``spec_fuse
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[2] / "spec_fused"
 TOOLS = "spec_fused.tools"
 
@@ -45,7 +43,7 @@ def _imports(name: str, path: Path, known) -> dict:
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
-                anchor = anchor[:len(anchor) - (node.level - 1)]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
             for alias in node.names:
                 full = f"{base}.{alias.name}"
@@ -95,23 +93,32 @@ def _cycles(graph: dict) -> list:
 
 def test_the_scan_sees_the_package():
     graph = _graph()
-    assert {"spec_fused.relay", "spec_fused.caps", "spec_fused.tools.doctor",
-            "spec_fused.kernels.backend"} <= set(graph)
+    assert {
+        "spec_fused.relay",
+        "spec_fused.caps",
+        "spec_fused.tools.doctor",
+        "spec_fused.kernels.backend",
+    } <= set(graph)
     assert "spec_fused.tools.doctor" in graph["spec_fused.tools.cli"]  # function-local
     assert "spec_fused.caps" in graph["spec_fused.relay"]
 
 
 def test_the_core_never_imports_a_tool():
     graph = _graph()
-    bad = [f"{name} imports {target} (line {line})"
-           for name, targets in sorted(graph.items()) if not _is_tool(name)
-           for target, line in sorted(targets.items()) if _is_tool(target)]
+    bad = [
+        f"{name} imports {target} (line {line})"
+        for name, targets in sorted(graph.items())
+        if not _is_tool(name)
+        for target, line in sorted(targets.items())
+        if _is_tool(target)
+    ]
     assert bad == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [
-        ["a", "b", "c"]]
+        ["a", "b", "c"]
+    ]
     assert _cycles({"a": {"b": 1}, "b": {}}) == []
 
 
@@ -127,15 +134,19 @@ def _reads_the_environment(path: Path) -> list:
             lines.append(node.lineno)
         elif isinstance(node, ast.Name) and node.id in ("environ", "getenv"):
             lines.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
-                a.name in ("environ", "getenv") for a in node.names):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "os"
+            and any(a.name in ("environ", "getenv") for a in node.names)
+        ):
             lines.append(node.lineno)
     return lines
 
 
 def test_only_the_settings_module_reads_the_environment():
-    readers = {name: lines for name, path in _modules().items()
-               if (lines := _reads_the_environment(path))}
+    readers = {
+        name: lines for name, path in _modules().items() if (lines := _reads_the_environment(path))
+    }
     assert set(readers) == {"spec_fused.settings"}, readers
 
 
@@ -146,9 +157,19 @@ def test_every_variable_named_is_declared_in_the_settings():
 
     declared = {s.name for s in settings.SETTINGS}
     root = PACKAGE.parent
-    sources = [*PACKAGE.rglob("*.py"), root / "README.md", root / "run.sh",
-               *(root / "scripts").glob("*.sh"), *(root / "scripts").glob("*.py"),
-               *(root / "bench").glob("*.py"), *(root / "bench").glob("*.sh")]
-    named = {m for p in sources if p.exists()
-             for m in re.findall(r"\bSPEC_FUSED_[A-Z][A-Z_]*[A-Z]\b", p.read_text("utf-8"))}
+    sources = [
+        *PACKAGE.rglob("*.py"),
+        root / "README.md",
+        root / "run.sh",
+        *(root / "scripts").glob("*.sh"),
+        *(root / "scripts").glob("*.py"),
+        *(root / "bench").glob("*.py"),
+        *(root / "bench").glob("*.sh"),
+    ]
+    named = {
+        m
+        for p in sources
+        if p.exists()
+        for m in re.findall(r"\bSPEC_FUSED_[A-Z][A-Z_]*[A-Z]\b", p.read_text("utf-8"))
+    }
     assert named and named <= declared, sorted(named - declared)

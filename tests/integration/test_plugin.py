@@ -25,9 +25,11 @@ def _snapshot():
 
 
 def _our_registry_entries():
-    return {t: [e for e in hooks if e[2] is not None and e[2].plugin_name == "spec_fused"]
-            for t, hooks in HookRegistry._hooks.items()
-            if any(e[2] is not None and e[2].plugin_name == "spec_fused" for e in hooks)}
+    return {
+        t: [e for e in hooks if e[2] is not None and e[2].plugin_name == "spec_fused"]
+        for t, hooks in HookRegistry._hooks.items()
+        if any(e[2] is not None and e[2].plugin_name == "spec_fused" for e in hooks)
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -71,16 +73,19 @@ def test_apply_remove_apply_is_exact_and_idempotent():
     before = _snapshot()
     report = sglang_patch.apply()
     assert report.applied and report.sglang_version == "0.5.23"
-    assert set(report.patched) >= {f"sglang.srt.managers.overlap_utils.FutureMap.{n}"
-                                   for n in PATCHED_NAMES}
+    assert set(report.patched) >= {
+        f"sglang.srt.managers.overlap_utils.FutureMap.{n}" for n in PATCHED_NAMES
+    }
     patched = _snapshot()
     assert all(patched[n] is not before[n] for n in PATCHED_NAMES)
     assert sglang_patch.apply() is report and _snapshot() == patched  # no double wrap
     sglang_patch.remove()
     assert all(_snapshot()[n] is before[n] for n in PATCHED_NAMES)
     assert _our_registry_entries() == {}
-    assert not any(t.endswith(("FutureMap.publish", "FutureMap.resolve_seq_lens_cpu"))
-                   for t in HookRegistry._patched)
+    assert not any(
+        t.endswith(("FutureMap.publish", "FutureMap.resolve_seq_lens_cpu"))
+        for t in HookRegistry._patched
+    )
     sglang_patch.remove()  # removing twice is harmless
     again = sglang_patch.apply()
     assert again.applied and all(_snapshot()[n] is not before[n] for n in PATCHED_NAMES)
@@ -102,8 +107,7 @@ def test_apply_never_imports_the_scheduler_and_defers_its_patch():
         assert not any(type(f).__name__ == "PostImportHook" for f in sys.meta_path)
         print("deferred-ok")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "deferred-ok" in out.stdout
 
@@ -144,35 +148,56 @@ GOOD_INIT = """
 """
 
 FAKES = {
-    "missing resolve_seq_lens_cpu": ("class FutureMap:" + GOOD_INIT + """
+    "missing resolve_seq_lens_cpu": (
+        "class FutureMap:"
+        + GOOD_INIT
+        + """
     def publish(self, future_indices, new_seq_lens):
         pass
-""", "FutureMap.resolve_seq_lens_cpu is missing"),
-    "renamed publish": ("class FutureMap:" + GOOD_INIT + """
+""",
+        "FutureMap.resolve_seq_lens_cpu is missing",
+    ),
+    "renamed publish": (
+        "class FutureMap:"
+        + GOOD_INIT
+        + """
     def publish_seq_lens(self, future_indices, new_seq_lens):
         pass
     def resolve_seq_lens_cpu(self, batch):
         pass
-""", "FutureMap.publish is missing"),
-    "wrong publish signature": ("class FutureMap:" + GOOD_INIT + """
+""",
+        "FutureMap.publish is missing",
+    ),
+    "wrong publish signature": (
+        "class FutureMap:"
+        + GOOD_INIT
+        + """
     def publish(self, batch):
         pass
     def resolve_seq_lens_cpu(self, batch):
         pass
-""", "does not start with ('self', 'future_indices', 'new_seq_lens')"),
-    "renamed buffer": ("class FutureMap:" + GOOD_INIT.replace("new_seq_lens_buf", "lens_buf") + """
+""",
+        "does not start with ('self', 'future_indices', 'new_seq_lens')",
+    ),
+    "renamed buffer": (
+        "class FutureMap:"
+        + GOOD_INIT.replace("new_seq_lens_buf", "lens_buf")
+        + """
     def publish(self, future_indices, new_seq_lens):
         pass
     def resolve_seq_lens_cpu(self, batch):
         pass
-""", "no longer sets 'new_seq_lens_buf'"),
+""",
+        "no longer sets 'new_seq_lens_buf'",
+    ),
     "no FutureMap": ("class FutureRelay:\n    pass\n", "FutureMap is missing"),
 }
 
 
 @pytest.mark.parametrize("name", list(FAKES))
-def test_unrecognised_api_is_refused_naming_version_and_attribute(name, monkeypatch, caplog,
-                                                                 tmp_path):
+def test_unrecognised_api_is_refused_naming_version_and_attribute(
+    name, monkeypatch, caplog, tmp_path
+):
     body, fragment = FAKES[name]
     fake = _fake_overlap_utils(body, tmp_path)
     with pytest.raises(UnsupportedSGLangError) as info:
@@ -181,8 +206,11 @@ def test_unrecognised_api_is_refused_naming_version_and_attribute(name, monkeypa
     # Through apply()/register(): nothing patched, one clear log line, no exception.
     monkeypatch.setitem(sys.modules, "sglang.srt.managers.overlap_utils", fake)
     real = importlib.import_module
-    monkeypatch.setattr(importlib, "import_module",
-                        lambda n, *a: fake if n == "sglang.srt.managers.overlap_utils" else real(n, *a))
+    monkeypatch.setattr(
+        importlib,
+        "import_module",
+        lambda n, *a: fake if n == "sglang.srt.managers.overlap_utils" else real(n, *a),
+    )
     before = {k: v for k, v in vars(fake).items()}
     with pytest.raises(UnsupportedSGLangError):
         sglang_patch.apply()
@@ -194,14 +222,29 @@ def test_unrecognised_api_is_refused_naming_version_and_attribute(name, monkeypa
     assert {k: v for k, v in vars(fake).items()} == before
 
 
-@pytest.mark.parametrize("version, kind", [
-    ("0.5.14", "older"), ("0.5.15", "tested"), ("0.5.15.post1", "tested"),
-    ("0.5.19", "tested"), ("0.5.23", "tested"), ("0.5.23+cu130", "tested"),
-    ("0.5.24", "unlisted"), ("0.5.23.post1", "unlisted"), ("0.5.30rc1", "unlisted"),
-    ("0.5.19.post1", "unlisted"), ("0.6.0", "unlisted"), ("1.0.0", "unlisted"),
-    ("0.4.10", "older"), ("garbage", "unknown"), ("", "unknown")])
+@pytest.mark.parametrize(
+    "version, kind",
+    [
+        ("0.5.14", "older"),
+        ("0.5.15", "tested"),
+        ("0.5.15.post1", "tested"),
+        ("0.5.19", "tested"),
+        ("0.5.23", "tested"),
+        ("0.5.23+cu130", "tested"),
+        ("0.5.24", "unlisted"),
+        ("0.5.23.post1", "unlisted"),
+        ("0.5.30rc1", "unlisted"),
+        ("0.5.19.post1", "unlisted"),
+        ("0.6.0", "unlisted"),
+        ("1.0.0", "unlisted"),
+        ("0.4.10", "older"),
+        ("garbage", "unknown"),
+        ("", "unknown"),
+    ],
+)
 def test_the_version_refuses_only_below_the_range_and_the_code_decides_the_rest(
-        monkeypatch, version, kind):
+    monkeypatch, version, kind
+):
     from spec_fused.releases import TESTED_RELEASES, support_status
 
     assert support_status(version).kind == kind
@@ -240,8 +283,9 @@ def test_post_import_hook_patches_on_import_and_is_removed(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
     patches = PatchSet()
-    patches.after_import("spec_fused_probe_mod",
-                         lambda m: (seen.append(m), patches.set_attr(m.Scheduler, "x", 1)))
+    patches.after_import(
+        "spec_fused_probe_mod", lambda m: (seen.append(m), patches.set_attr(m.Scheduler, "x", 1))
+    )
     assert "spec_fused_probe_mod" not in sys.modules and not seen
     import spec_fused_probe_mod
 

@@ -48,8 +48,7 @@ configs = st.builds(
 
 
 @given(cfg=configs, algo_name=st.sampled_from(ALGORITHMS), needs_cpu=st.booleans())
-def test_every_algorithm_matches_upstream_step_for_step(cfg, algo_name, needs_cpu,
-                                                         kernel_launches):
+def test_every_algorithm_matches_upstream_step_for_step(cfg, algo_name, needs_cpu, kernel_launches):
     algo = SpeculativeAlgorithm[algo_name]
     want, _, _ = _run(algo, cfg, patched=False, needs_cpu_seq_lens=needs_cpu)
     kernel_launches.reset()
@@ -58,7 +57,8 @@ def test_every_algorithm_matches_upstream_step_for_step(cfg, algo_name, needs_cp
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"step {step} ({w.kind}) differs"
     decodes = sum(r.kind == "decode" and bool(r.seq_lens) for r in want)
-    # One fused launch per decode step with a batch (and the occasional landing of a pending publish).
+    # One fused launch per decode step with a batch (and the occasional landing of a
+    # pending publish).
     assert decodes <= relay.launches == kernel_launches.count
 
 
@@ -79,8 +79,15 @@ def test_sglang_debug_mode_consume_once_still_holds(monkeypatch, algo_name):
 
 
 def test_int32_indices_and_lengths_pool_reuse_long_trace():
-    cfg = TraceConfig(seed=5, pool=9, steps=200, max_running=8, p_finish=0.4,
-                      value_dtype=torch.int32, index_dtype=torch.int32)
+    cfg = TraceConfig(
+        seed=5,
+        pool=9,
+        steps=200,
+        max_running=8,
+        p_finish=0.4,
+        value_dtype=torch.int32,
+        index_dtype=torch.int32,
+    )
     want, _, _ = _run(SpeculativeAlgorithm.EAGLE, cfg, patched=False)
     got, _, _ = _run(SpeculativeAlgorithm.EAGLE, cfg, patched=True)
     assert got == want
@@ -134,8 +141,12 @@ def test_future_relay_buffers_adopted_and_graph_scattered_publishes(needs_cpu):
                 fm.publish(slots, lens[slots] + step)
             batch = decode_batch(slots.tolist(), cfg)
             fm.resolve_seq_lens_cpu(batch)
-            seen.append((batch.seq_lens.tolist(),
-                         None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist()))
+            seen.append(
+                (
+                    batch.seq_lens.tolist(),
+                    None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist(),
+                )
+            )
         return seen, fm.new_seq_lens_buf is relay_buffers.new_seq_lens
 
     def with_buffers(fm_kwargs):
@@ -182,11 +193,18 @@ def test_buffers_adopted_after_the_relay_exists(needs_cpu, swap_with_pending):
                 adopt(fm)
             batch = decode_batch(slots.tolist(), cfg)
             fm.resolve_seq_lens_cpu(batch)
-            seen.append((batch.seq_lens.tolist(),
-                         None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist()))
+            seen.append(
+                (
+                    batch.seq_lens.tolist(),
+                    None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist(),
+                )
+            )
         # what the adopted buffer holds (the relay wrote into it, not into the old one)
-        return seen, fm.new_seq_lens_buf is fm._relay.new_seq_lens, \
-            fm._relay.new_seq_lens[1:6].tolist()
+        return (
+            seen,
+            fm.new_seq_lens_buf is fm._relay.new_seq_lens,
+            fm._relay.new_seq_lens[1:6].tolist(),
+        )
 
     from spec_fused.tools.traces import unpatched_then_patched
 
@@ -208,8 +226,13 @@ def test_the_stream_ordered_resolve_is_sglangs_after_the_pending_publish(needs_c
             fm.publish(torch.tensor([1, 2]), torch.tensor([10 + step, 20 + step]))
             batch = decode_batch([1, 2], cfg)
             fm.resolve_seq_lens_cpu(batch, stream_ordered=bool(step % 2))
-            out.append((batch.seq_lens.tolist(), None if batch.seq_lens_cpu is None
-                        else batch.seq_lens_cpu.tolist(), batch.seq_lens_sum))
+            out.append(
+                (
+                    batch.seq_lens.tolist(),
+                    None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist(),
+                    batch.seq_lens_sum,
+                )
+            )
         return out
 
     from spec_fused.tools.traces import unpatched_then_patched

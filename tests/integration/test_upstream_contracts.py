@@ -150,8 +150,9 @@ def test_mixed_tails_are_rebuilt_from_the_published_lengths_with_one_wait(side):
     assert batch.seq_lens.tolist() == want_lens
     assert batch.seq_lens_cpu.tolist() == want_lens and batch.seq_lens_sum == sum(want_lens)
     req_to_token = fm.req_to_token
-    assert batch.out_cache_loc[-2:].tolist() == [int(req_to_token[s, f])
-                                                 for s, f in zip(_SLOTS, _FRESH)]
+    assert batch.out_cache_loc[-2:].tolist() == [
+        int(req_to_token[s, f]) for s, f in zip(_SLOTS, _FRESH)
+    ]
     assert batch.prefix_lens == [49, 59] + _FRESH
     # rebuilt, never mutated in place: isolation snapshots and graph replay read these
     assert batch.seq_lens is not originals[0] and batch.out_cache_loc is not originals[1]

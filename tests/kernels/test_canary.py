@@ -27,8 +27,9 @@ def fresh_verdicts():
 
 def _canary(corrupt=None):
     compiled = FakeCompiled(corrupt=corrupt)
-    return canary_mod.canary("cpu", make_launcher=lambda buf, backend: bound_launcher(
-        buf, compiled, backend)), compiled
+    return canary_mod.canary(
+        "cpu", make_launcher=lambda buf, backend: bound_launcher(buf, compiled, backend)
+    ), compiled
 
 
 def test_a_sound_launcher_passes_every_case_through_the_direct_launch():
@@ -55,8 +56,7 @@ def test_a_wrong_kernel_is_caught_and_the_reference_serves(monkeypatch, caplog):
     real = kernel._launch
 
     def wrong(buf, gather_indices, publish_indices, publish_values, out, *args, **kwargs):
-        compiled = real(buf, gather_indices, publish_indices, publish_values, out, *args,
-                        **kwargs)
+        compiled = real(buf, gather_indices, publish_indices, publish_values, out, *args, **kwargs)
         out.mul_(2)
         return compiled
 
@@ -117,14 +117,17 @@ def test_a_wrong_host_row_is_caught(monkeypatch):
 
 def test_a_canary_that_cannot_set_up_proves_nothing_and_the_reference_serves(caplog):
     """Nothing checked is nothing proven: never a verdict of "direct launch" by default."""
+
     def broken(buf, backend):
         raise RuntimeError("CUDA error: out of memory")
 
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         verdict = canary_mod.canary("cpu", make_launcher=broken)
     assert (verdict.backend, verdict.direct, verdict.cases) == ("reference", False, 0)
-    assert verdict.notes == ["the fused kernel failed the canary (RuntimeError: CUDA error: "
-                             "out of memory): torch reference"]
+    assert verdict.notes == [
+        "the fused kernel failed the canary (RuntimeError: CUDA error: "
+        "out of memory): torch reference"
+    ]
     assert backend_mod.explain_backend("cpu")[0] == "reference"
 
 

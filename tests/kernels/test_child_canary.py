@@ -92,8 +92,9 @@ def test_a_child_that_faults_leaves_the_device_to_sglang_in_one_line(fault, capl
 
 def test_a_child_that_hangs_is_a_fault(caplog):
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        report = canary_mod.child_canary("cpu", command=_child("import time; time.sleep(60)"),
-                                         timeout=2)
+        report = canary_mod.child_canary(
+            "cpu", command=_child("import time; time.sleep(60)"), timeout=2
+        )
     assert "did not finish in 2 s" in report["fault"]
     assert relay_mod.not_relayed_on("cpu") is not None
 
@@ -109,16 +110,22 @@ def test_a_child_that_cannot_start_proves_nothing_either_way(caplog):
 def test_the_child_reports_a_sticky_fault_as_such(monkeypatch, capsys):
     from spec_fused.kernels import publish_gather as pg
 
-    monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(
-        RuntimeError("Triton Error [CUDA]: misaligned address")))
+    monkeypatch.setattr(
+        pg,
+        "_launch",
+        lambda *a, **k: (_ for _ in ()).throw(
+            RuntimeError("Triton Error [CUDA]: misaligned address")
+        ),
+    )
     assert canary_mod._child_main(["cpu"]) == 3
     report = canary_mod._last_json_line(capsys.readouterr().out)
     assert "misaligned address" in report["fault"] and report["verdict"] is None
 
 
 def test_the_child_lets_any_other_failure_crash_it(monkeypatch):
-    monkeypatch.setattr(canary_mod, "canary", lambda *a, **k: (_ for _ in ()).throw(
-        KeyError("not a device fault")))
+    monkeypatch.setattr(
+        canary_mod, "canary", lambda *a, **k: (_ for _ in ()).throw(KeyError("not a device fault"))
+    )
     with pytest.raises(KeyError):
         canary_mod._child_main(["cpu"])
 
@@ -133,8 +140,9 @@ def _scheduler_init(self, server_args, port_args, gpu_id=None, tp_rank=0):
 @pytest.fixture
 def child_calls(monkeypatch):
     calls = []
-    monkeypatch.setattr(sglang_patch, "child_canary",
-                        lambda device, debug: calls.append((str(device), debug)) or {})
+    monkeypatch.setattr(
+        sglang_patch, "child_canary", lambda device, debug: calls.append((str(device), debug)) or {}
+    )
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     return calls
 
@@ -145,8 +153,9 @@ def _server_args(**kwargs):
 
 def test_a_speculative_cuda_scheduler_proves_its_gpu_in_a_child_first(child_calls):
     sglang_patch.canary_before_pools(_scheduler_init, (_server_args(), None, 3), {})
-    sglang_patch.canary_before_pools(_scheduler_init, (_server_args(),),
-                                     {"port_args": None, "gpu_id": 1})
+    sglang_patch.canary_before_pools(
+        _scheduler_init, (_server_args(),), {"port_args": None, "gpu_id": 1}
+    )
     assert child_calls == [("cuda:3", False), ("cuda:1", False)]
 
 
@@ -154,14 +163,20 @@ def test_0_5_23_names_the_gpu_in_its_runtime_context(child_calls, monkeypatch):
     from sglang.srt import runtime_context
 
     monkeypatch.setattr(runtime_context, "get_device", lambda: SimpleNamespace(gpu_id=5))
-    sglang_patch.canary_before_pools(lambda self, server_args, port_args: None,
-                                     (_server_args(), None), {})
+    sglang_patch.canary_before_pools(
+        lambda self, server_args, port_args: None, (_server_args(), None), {}
+    )
     assert child_calls == [("cuda:5", False)]
 
 
-@pytest.mark.parametrize("server_args", [
-    _server_args(speculative_algorithm=None), _server_args(device="cpu"),
-    _server_args(device="npu")])
+@pytest.mark.parametrize(
+    "server_args",
+    [
+        _server_args(speculative_algorithm=None),
+        _server_args(device="cpu"),
+        _server_args(device="npu"),
+    ],
+)
 def test_no_child_where_the_relay_would_not_run_on_cuda(child_calls, server_args):
     sglang_patch.canary_before_pools(_scheduler_init, (server_args, None, 0), {})
     assert child_calls == []
@@ -173,25 +188,31 @@ def test_no_child_when_switched_off(child_calls, monkeypatch):
     assert child_calls == []
 
 
-def test_a_scheduler_whose_gpu_cannot_be_told_runs_the_canary_in_process(child_calls,
-                                                                         monkeypatch, caplog):
+def test_a_scheduler_whose_gpu_cannot_be_told_runs_the_canary_in_process(
+    child_calls, monkeypatch, caplog
+):
     from sglang.srt import runtime_context
 
     monkeypatch.setattr(runtime_context, "get_device", lambda: SimpleNamespace(gpu_id=None))
     with caplog.at_level(logging.INFO, logger="spec_fused"):
-        sglang_patch.canary_before_pools(lambda self, server_args, port_args: None,
-                                         (_server_args(), None), {})
+        sglang_patch.canary_before_pools(
+            lambda self, server_args, port_args: None, (_server_args(), None), {}
+        )
     assert child_calls == []
     assert any("runs in the scheduler process" in m for m in _messages(caplog))
 
 
 def test_the_child_canary_never_raises_into_the_scheduler(monkeypatch, caplog):
-    monkeypatch.setattr(sglang_patch, "child_canary",
-                        lambda device, debug: (_ for _ in ()).throw(OSError("no fork")))
+    monkeypatch.setattr(
+        sglang_patch,
+        "child_canary",
+        lambda device, debug: (_ for _ in ()).throw(OSError("no fork")),
+    )
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        assert sglang_patch.canary_before_pools(_scheduler_init, (_server_args(), None, 0),
-                                                {}) is None
+        assert (
+            sglang_patch.canary_before_pools(_scheduler_init, (_server_args(), None, 0), {}) is None
+        )
     assert any("could not run in a child process" in m for m in _messages(caplog))
 
 
@@ -200,8 +221,9 @@ def test_a_refused_device_is_not_prewarmed(monkeypatch):
     monkeypatch.setattr(sglang_patch, "prewarm", lambda device, debug: calls.append(device))
     monkeypatch.setattr(sglang_patch, "_prewarmed", set())
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
-    backend_mod.record_verdict(backend_mod.Verdict("cuda:0", "sglang", direct=False,
-                                                   notes=["the fused kernel faulted"]))
+    backend_mod.record_verdict(
+        backend_mod.Verdict("cuda:0", "sglang", direct=False, notes=["the fused kernel faulted"])
+    )
 
     class OnCuda(torch.Tensor):
         @property
@@ -210,8 +232,9 @@ def test_a_refused_device_is_not_prewarmed(monkeypatch):
 
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    sglang_patch.prewarm_for(SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE),
-                             torch.zeros(4).as_subclass(OnCuda))
+    sglang_patch.prewarm_for(
+        SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE), torch.zeros(4).as_subclass(OnCuda)
+    )
     assert calls == []
 
 
@@ -219,8 +242,11 @@ def test_selftest_runs_the_child_first_and_stops_where_it_faults(monkeypatch):
     from spec_fused.tools import selftest
 
     real = canary_mod.child_canary
-    monkeypatch.setattr(canary_mod, "child_canary", lambda device, debug: real(
-        device, debug=debug, command=_child(FAULTS["a sticky fault"])))
+    monkeypatch.setattr(
+        canary_mod,
+        "child_canary",
+        lambda device, debug: real(device, debug=debug, command=_child(FAULTS["a sticky fault"])),
+    )
     report = selftest.run(quick=True, device="cpu")
     assert not report["ok"] and "SGLang's own relay" in report["verdict"]
     assert "illegal memory access" in report["canary"]["child"]["fault"]

@@ -22,14 +22,19 @@ from spec_fused.kernels.publish_gather import publish_gather_reference
 
 def test_bound_launch_packs_the_arguments_the_kernel_expects():
     g = torch.Generator().manual_seed(3)
-    for pool, n, m, host in [(64, 9, 5, False), (64, 9, 5, True), (300, 200, 0, True),
-                             (17, 0, 4, False), (4096, 1100, 1500, True)]:
+    for pool, n, m, host in [
+        (64, 9, 5, False),
+        (64, 9, 5, True),
+        (300, 200, 0, True),
+        (17, 0, 4, False),
+        (4096, 1100, 1500, True),
+    ]:
         buf = torch.randint(0, 1 << 20, (pool,), generator=g)
         ref = buf.clone()
         compiled = FakeCompiled()
         launcher = _bound_launcher(buf, compiled)
         slots = torch.randperm(pool, generator=g)
-        for step in range(3):  # the first call is the checked one; then the bound path
+        for _ in range(3):  # the first call is the checked one; then the bound path
             pi = slots[:m]
             pv = torch.randint(0, 1 << 30, (m,), generator=g, dtype=torch.int32)
             gi = torch.randint(0, pool, (n,), generator=g)
@@ -43,14 +48,17 @@ def test_bound_launch_packs_the_arguments_the_kernel_expects():
         assert len(compiled.calls) == 2 and set(compiled.calls) == {1234}
 
 
-@pytest.mark.parametrize("bad, error, match", [
-    (lambda i: (i.reshape(1, -1), i, i), ValueError, "gather_indices must be 1-D"),
-    (lambda i: (i, i, i[:2]), ValueError, "publish_indices has 3 entries but publish_values"),
-    (lambda i: (i, i.reshape(3, 1), i), ValueError, "publish_indices must be 1-D"),
-    (lambda i: (i.float(), i, i), TypeError, "gather_indices must be int32 or int64"),
-    (lambda i: (i, i, i.float()), TypeError, "publish_values must be an integer tensor"),
-    (lambda i: (i.to("meta"), i, i), ValueError, "gather_indices is on meta"),
-])
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (lambda i: (i.reshape(1, -1), i, i), ValueError, "gather_indices must be 1-D"),
+        (lambda i: (i, i, i[:2]), ValueError, "publish_indices has 3 entries but publish_values"),
+        (lambda i: (i, i.reshape(3, 1), i), ValueError, "publish_indices must be 1-D"),
+        (lambda i: (i.float(), i, i), TypeError, "gather_indices must be int32 or int64"),
+        (lambda i: (i, i, i.float()), TypeError, "publish_values must be an integer tensor"),
+        (lambda i: (i.to("meta"), i, i), ValueError, "gather_indices is on meta"),
+    ],
+)
 @pytest.mark.parametrize("backend", ["interpreter", "reference"])
 def test_bad_input_on_the_lean_path_gets_the_checked_paths_error(bad, error, match, backend):
     """Steady state first (the combination is accepted), then a bad step: the O(1) guard
@@ -157,8 +165,7 @@ def test_stamps_wrap_below_int32_and_still_name_their_launch():
     launcher.step = HostRing.STAMP_MASK - 1
     stamps = []
     for k in range(4):
-        out = launcher.launch(torch.tensor([1, 2]), torch.tensor([1]), torch.tensor([10 + k]),
-                              True)
+        out = launcher.launch(torch.tensor([1, 2]), torch.tensor([1]), torch.tensor([10 + k]), True)
         stamps.append(launcher.stamp)
         lens, total = launcher.read_row(launcher.stamp, 2)
         assert lens.tolist() == out.tolist() == [10 + k, 2] and total == 12 + k
@@ -175,8 +182,9 @@ def test_an_empty_publish_does_not_stand_in_for_real_publish_pointers():
     empty = torch.empty(0, dtype=torch.int32)
     launcher.launch(gi, empty, empty, False)
     assert (torch.int64, torch.int32, torch.int32, False) not in launcher._seen
-    out = launcher.launch(gi, torch.tensor([2], dtype=torch.int32),
-                          torch.tensor([7], dtype=torch.int32), False)
+    out = launcher.launch(
+        gi, torch.tensor([2], dtype=torch.int32), torch.tensor([7], dtype=torch.int32), False
+    )
     assert out.tolist() == [0, 7]
     assert (torch.int64, torch.int32, torch.int32, False) in launcher._seen
 
@@ -212,8 +220,7 @@ def test_a_normal_launch_from_another_current_device_runs_on_the_buffers(monkeyp
     launcher._direct = ReadyDirect()
     launcher._direct.on_other_device = lambda: True
     monkeypatch.setattr(torch.cuda, "device", Device)
-    out = launcher.launch_checked(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([5]),
-                                  False)
+    out = launcher.launch_checked(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([5]), False)
     assert out.tolist() == [0, 5] and entered == [buf.device]
 
 

@@ -94,8 +94,9 @@ def test_stale_messages_name_the_step_held_and_the_step_wanted():
     with pytest.raises(StaleHostMirrorError, match=r"holds step 7, expected step 9$") as info:
         ring.read(9, 0)
     assert info.value.cause == "stale"
-    with pytest.raises(StaleHostMirrorError,
-                       match=r"holds step 7 after waiting, expected step 9$") as info:
+    with pytest.raises(
+        StaleHostMirrorError, match=r"holds step 7 after waiting, expected step 9$"
+    ) as info:
         ring.read(9, 0, wait=lambda: None)
     assert info.value.cause == "stale after waiting"
 
@@ -156,9 +157,11 @@ def test_a_row_rewritten_while_it_is_copied_is_refused_as_torn():
     ring = HostRing(4, pinned=False)
     write_host_row(ring.rows[0], torch.tensor([1, 2]), 3, 4, ring.stamp_offset)
     ring.np = _Rows(ring.np, _RewrittenWhileCopying(ring.np[0], 6))
-    with pytest.raises(StaleHostMirrorError,
-                       match=r"^host mirror slot was rewritten \(step 6\) while step 4 was "
-                             r"being read$") as info:
+    with pytest.raises(
+        StaleHostMirrorError,
+        match=r"^host mirror slot was rewritten \(step 6\) while step 4 was "
+        r"being read$",
+    ) as info:
         ring.read(4, 2, wait=lambda: None)
     assert info.value.cause == "torn"
 
@@ -176,8 +179,12 @@ def _launch(pg, mirror, r, pool):
 
 
 @pytest.mark.parametrize("backend", ["interpreter", "reference"])
-@given(pool=st.integers(1, 200), ops=st.lists(st.tuples(
-    st.sampled_from(["launch", "read"]), st.integers(0, 10**6)), max_size=40))
+@given(
+    pool=st.integers(1, 200),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["launch", "read"]), st.integers(0, 10**6)), max_size=40
+    ),
+)
 def test_a_read_returns_that_launchs_lengths_or_refuses_once_reused(backend, pool, ops):
     g = torch.Generator().manual_seed(pool)
     buf = torch.randint(0, 1000, (pool,), generator=g)

@@ -12,7 +12,12 @@ def _inputs(pool=64, n=9, m=5):
     g = torch.Generator().manual_seed(1)
     buf = torch.randint(0, 1000, (pool,), generator=g)
     slots = torch.randperm(pool, generator=g)
-    return buf, slots[:n], slots[n - 3:n - 3 + m].int(), torch.randint(0, 99, (m,), generator=g).int()
+    return (
+        buf,
+        slots[:n],
+        slots[n - 3 : n - 3 + m].int(),
+        torch.randint(0, 99, (m,), generator=g).int(),
+    )
 
 
 def _captured_graph(fn, *args):
@@ -41,8 +46,11 @@ def test_compile_sees_one_fused_op_and_no_scatter_or_gather():
     targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
     assert sum("spec_fused.publish_gather" in t for t in targets) == 1, targets
     others = [t for t in targets if "spec_fused" not in t]
-    assert not [t for t in others if any(k in t for k in ("index_put", "scatter", "gather",
-                                                           "index_select", "getitem"))], others
+    assert not [
+        t
+        for t in others
+        if any(k in t for k in ("index_put", "scatter", "gather", "index_select", "getitem"))
+    ], others
     want = publish_gather_reference(ref, gi, pi, pv)
     assert torch.equal(doubled, want.seq_lens * 2)
     assert int(plus_one) == int(want.seq_lens_sum) + 1
@@ -53,5 +61,7 @@ def test_public_wrapper_under_torch_compile():
     buf, gi, pi, pv = _inputs()
     ref = buf.clone()
     compiled = torch.compile(lambda b, g, i, v: publish_gather(b, g, i, v).seq_lens_sum + 0)
-    assert int(compiled(buf, gi, pi, pv)) == int(publish_gather_reference(ref, gi, pi, pv).seq_lens_sum)
+    assert int(compiled(buf, gi, pi, pv)) == int(
+        publish_gather_reference(ref, gi, pi, pv).seq_lens_sum
+    )
     assert torch.equal(buf, ref)

@@ -40,9 +40,13 @@ def relay_case(draw, max_pool=65536, max_batch=4096):
     hi = min(hi, 2**31 - 1) if vdtype == torch.int32 else hi
     values = torch.randint(0, hi, (m,), generator=g).to(vdtype)
     buf = torch.randint(0, 2**40, (pool,), generator=g, dtype=torch.int64)
-    return dict(buf=buf, gather=gather_idx.to(draw(INDEX_DTYPES)),
-                pub=publish_idx.to(draw(INDEX_DTYPES)), val=values,
-                with_publish=draw(st.booleans()) or m > 0)
+    return dict(
+        buf=buf,
+        gather=gather_idx.to(draw(INDEX_DTYPES)),
+        pub=publish_idx.to(draw(INDEX_DTYPES)),
+        val=values,
+        with_publish=draw(st.booleans()) or m > 0,
+    )
 
 
 def _both(case, **kw):
@@ -70,7 +74,9 @@ def test_matches_reference(kernel_launches, case):
     assert torch.equal(buf_k, buf_r)
     assert torch.equal(got.seq_lens, want.seq_lens)
     assert got.seq_lens.dtype == torch.int64 and got.seq_lens_sum.shape == ()
-    assert int(got.seq_lens_sum) == int(want.seq_lens_sum) == int(buf_r[case["gather"].long()].sum())
+    assert (
+        int(got.seq_lens_sum) == int(want.seq_lens_sum) == int(buf_r[case["gather"].long()].sum())
+    )
 
 
 @given(relay_case(max_pool=4096, max_batch=1500), st.booleans())
@@ -123,8 +129,9 @@ def test_empty_batch_launches_nothing(kernel_launches):
     res = publish_gather(buf, torch.empty(0, dtype=torch.int64), host_out=host)
     assert res.seq_lens.numel() == 0 and int(res.seq_lens_sum) == 0 and int(host[0]) == 0
     assert kernel_launches.count == 0
-    res = publish_gather(buf, torch.empty(0, dtype=torch.int32), torch.tensor([1]),
-                         torch.tensor([9]))  # an empty gather still publishes
+    res = publish_gather(
+        buf, torch.empty(0, dtype=torch.int32), torch.tensor([1]), torch.tensor([9])
+    )  # an empty gather still publishes
     assert buf.tolist() == [0, 9, 2, 3] and int(res.seq_lens_sum) == 0
     assert kernel_launches.count == 1
 

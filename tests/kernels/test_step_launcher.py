@@ -73,8 +73,8 @@ def test_a_debug_launcher_never_waits_again(debug):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("host", [False, True])
 def test_one_full_check_then_none_whatever_the_batch_size(validations, backend, host):
-    """``max_batch`` bounds host rows only; a full batch (``n == max_batch``) takes the per-step path as
-    as any other, and without a host row ``n`` may exceed it."""
+    """``max_batch`` bounds host rows only; a full batch (``n == max_batch``) takes the
+    per-step path like any other, and without a host row ``n`` may exceed it."""
     buf = _buf(32)
     ref = buf.clone()
     pg = StepLauncher(buf, max_batch=4, backend=backend)
@@ -108,13 +108,20 @@ def test_one_full_check_then_none_through_the_direct_launch(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("pi_dtype, pv_dtype, per_step", [
-    (torch.int64, torch.int64, True), (torch.int32, torch.int32, True),
-    (torch.int32, torch.int64, True), (torch.int64, torch.int32, True),
-    (torch.int64, torch.int16, False), (torch.int32, torch.int8, False),
-])
-def test_only_int32_and_int64_combinations_take_the_lean_path(validations, backend, pi_dtype,
-                                                              pv_dtype, per_step):
+@pytest.mark.parametrize(
+    "pi_dtype, pv_dtype, per_step",
+    [
+        (torch.int64, torch.int64, True),
+        (torch.int32, torch.int32, True),
+        (torch.int32, torch.int64, True),
+        (torch.int64, torch.int32, True),
+        (torch.int64, torch.int16, False),
+        (torch.int32, torch.int8, False),
+    ],
+)
+def test_only_int32_and_int64_combinations_take_the_lean_path(
+    validations, backend, pi_dtype, pv_dtype, per_step
+):
     buf = _buf()
     ref = buf.clone()
     pg = StepLauncher(buf, backend=backend)
@@ -229,8 +236,9 @@ def test_the_bound_launch_writes_the_stamp_at_the_rows_end():
         want = publish_gather_reference(ref, gi)
         pg.launch(gi, None, None, True)
         row = pg.ring.rows[pg.stamp % 2]
-        assert int(row[-1]) == pg.stamp and row[:3].tolist() == \
-            want.seq_lens.tolist() + [int(want.seq_lens_sum)]
+        assert int(row[-1]) == pg.stamp and row[:3].tolist() == want.seq_lens.tolist() + [
+            int(want.seq_lens_sum)
+        ]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -266,15 +274,21 @@ def _pretend_cuda(pg, device_index=0):
     return pg
 
 
-@pytest.mark.parametrize("verdict, blocked", [
-    (None, None),
-    (dict(direct=True, notes=[]), None),
-    (dict(direct=False, notes=["wrong lengths from the direct launch", "later note"]),
-     "start-up canary: wrong lengths from the direct launch"),
-    (dict(direct=True, notes=["an earlier downgrade"]), None),
-])
-def test_compiled_triton_binds_a_direct_launch_unless_the_canary_disproved_it(monkeypatch,
-                                                                             verdict, blocked):
+@pytest.mark.parametrize(
+    "verdict, blocked",
+    [
+        (None, None),
+        (dict(direct=True, notes=[]), None),
+        (
+            dict(direct=False, notes=["wrong lengths from the direct launch", "later note"]),
+            "start-up canary: wrong lengths from the direct launch",
+        ),
+        (dict(direct=True, notes=["an earlier downgrade"]), None),
+    ],
+)
+def test_compiled_triton_binds_a_direct_launch_unless_the_canary_disproved_it(
+    monkeypatch, verdict, blocked
+):
     from spec_fused.kernels import backend as backend_mod
     from spec_fused.kernels import direct_launch
 

@@ -41,7 +41,8 @@ def test_sglangs_own_check_is_what_is_read(cc_host, monkeypatch):
 
 @pytest.mark.parametrize("needs_cpu", [True, False])
 def test_exact_host_lengths_come_from_sglangs_resolve_and_nothing_is_pinned(
-        cc_host, monkeypatch, caplog, needs_cpu):
+    cc_host, monkeypatch, caplog, needs_cpu
+):
     want = run_trace(make_future_map("EAGLE", CFG, needs_cpu_seq_lens=needs_cpu), CFG)
     ops = FakeOps(relay_handles=(3, 4))
     monkeypatch.setattr(relay_mod, "ops_for", lambda device: ops)
@@ -52,6 +53,7 @@ def test_exact_host_lengths_come_from_sglangs_resolve_and_nothing_is_pinned(
         def make(*args, **kwargs):
             pinned.append(bool(kwargs.get("pin_memory")))
             return real(*args, **{k: v for k, v in kwargs.items() if k != "pin_memory"})
+
         return make
 
     log.reset()
@@ -72,9 +74,11 @@ def test_exact_host_lengths_come_from_sglangs_resolve_and_nothing_is_pinned(
     assert not any(pinned)
     assert not [e for e in ops.log if e[1] == "synchronize" and e[2] == relay.done_event.name]
     lines = [r.getMessage() for r in caplog.records if "Confidential Computing" in r.getMessage()]
-    assert lines == ["spec_fused: Confidential Computing (SGLang's own check): exact host "
-                     "lengths come from SGLang's resolve; the fused launch serves the GPU-only "
-                     "steps"]
+    assert lines == [
+        "spec_fused: Confidential Computing (SGLang's own check): exact host "
+        "lengths come from SGLang's resolve; the fused launch serves the GPU-only "
+        "steps"
+    ]
     if not needs_cpu:  # the GPU-only steps are still the fused launch's
         assert relay.launches > 0
 

@@ -43,8 +43,9 @@ def test_cuda_ops_give_up_once_every_stream_of_the_pool_was_tried(monkeypatch):
     not come, and the relay is declined (SGLang's path runs) instead of looping."""
     stub = _CudaStub([])
     monkeypatch.setattr(torch.cuda, "Stream", stub.Stream)
-    with pytest.raises(RuntimeError, match="^spec_fused: unable to allocate a stream "
-                                           "distinct from SGLang's$"):
+    with pytest.raises(
+        RuntimeError, match="^spec_fused: unable to allocate a stream distinct from SGLang's$"
+    ):
         cuda_ops.CudaOps("cuda:0").new_stream({99})
     assert len(stub.calls) > 32
 

@@ -14,8 +14,7 @@ import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.fake_cuda import CFG, EXACT, direct_relay, messages
 
-from spec_fused import log
-from spec_fused import cuda_ops, upstream
+from spec_fused import cuda_ops, log, upstream
 from spec_fused import relay as relay_mod
 from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
@@ -44,8 +43,10 @@ def test_sglangs_poisoning_is_not_assumed_when_its_source_cannot_be_read(monkeyp
 def test_rocm_is_left_to_sglang_with_the_hip_only_branches_named(monkeypatch):
     """On ROCm the device type is ``cuda`` too; upstream's HIP-only branches decide."""
     monkeypatch.setattr(torch.version, "hip", "6.4.0", raising=False)
-    why = ("ROCm (HIP): upstream takes HIP-only branches here (publish_ready."
-           "synchronize(), the stream_ordered resolve) that spec_fused does not reproduce")
+    why = (
+        "ROCm (HIP): upstream takes HIP-only branches here (publish_ready."
+        "synchronize(), the stream_ordered resolve) that spec_fused does not reproduce"
+    )
     assert relay_mod.unsupported_device("cuda:0") == why
     assert cuda_ops.unsupported_device("cuda") == why
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
@@ -53,8 +54,13 @@ def test_rocm_is_left_to_sglang_with_the_hip_only_branches_named(monkeypatch):
     assert cuda_ops.unsupported_device("cpu") is None
 
 
-@pytest.mark.parametrize("device, why", [("meta", "meta: spec_fused's ordering was only ever"),
-                                         ("xpu", "xpu: spec_fused's ordering was only ever")])
+@pytest.mark.parametrize(
+    "device, why",
+    [
+        ("meta", "meta: spec_fused's ordering was only ever"),
+        ("xpu", "xpu: spec_fused's ordering was only ever"),
+    ],
+)
 def test_devices_the_relay_does_not_engage_on_keep_sglangs_path(device, why, caplog):
     assert why in cuda_ops.unsupported_device(device)
     cfg = TraceConfig(pool=8, max_len=4)
@@ -78,7 +84,8 @@ def test_a_device_the_relay_does_not_engage_on_is_logged_once(caplog):
         assert relay_mod.relay_for(fm) is None
     assert messages(caplog) == [
         "spec_fused: not relaying on meta: spec_fused's ordering was only ever run on NVIDIA "
-        "CUDA and CPU; SGLang's relay runs"]
+        "CUDA and CPU; SGLang's relay runs"
+    ]
 
 
 # ----------------------------------------------------------------------------- decisions
@@ -108,7 +115,8 @@ def test_an_unknown_two_batch_overlap_setting_is_logged_once_with_how(monkeypatc
     assert (caps.host_seq_lens, caps.host_source) == ("exact", "forced")
     assert messages(caplog) == [
         "spec_fused: cannot tell whether two-batch overlap is on (the flag is 'maybe'); "
-        "exact host lengths, as upstream gives them under it"]
+        "exact host lengths, as upstream gives them under it"
+    ]
 
 
 def test_a_refused_override_is_logged_once_as_refused(monkeypatch, caplog):
@@ -119,7 +127,8 @@ def test_a_refused_override_is_logged_once_as_refused(monkeypatch, caplog):
         relay_mod.future_map_caps(fm)
     assert messages(caplog) == [
         "spec_fused: override refused: SPEC_FUSED_HOST_SEQ_LENS=none for EAGLE: an attention "
-        "backend reads host lengths (needs_cpu_seq_lens)"]
+        "backend reads host lengths (needs_cpu_seq_lens)"
+    ]
 
 
 def test_a_workers_claim_against_a_backend_is_refused_and_logged_once(monkeypatch, caplog):
@@ -134,7 +143,8 @@ def test_a_workers_claim_against_a_backend_is_refused_and_logged_once(monkeypatc
     assert caps.host_seq_lens == "exact"
     assert messages(caplog) == [
         "spec_fused: override refused: SimpleNamespace.host_seq_lens='none' for EAGLE: an "
-        "attention backend reads host lengths (needs_cpu_seq_lens)"]
+        "attention backend reads host lengths (needs_cpu_seq_lens)"
+    ]
 
 
 def test_each_distinct_refusal_is_logged_once(monkeypatch, caplog):
@@ -175,7 +185,8 @@ def test_a_confidence_relay_is_left_to_sglang_with_one_info_line(caplog):
         assert relay_mod.relay_for(fm) is None
     assert messages(caplog) == [
         "spec_fused: the confidence relay (DSPARK ragged verify) gates its own D2H on "
-        "publish_ready; SGLang's relay runs for this FutureMap"]
+        "publish_ready; SGLang's relay runs for this FutureMap"
+    ]
     assert caplog.records[0].levelno == logging.INFO
 
 
@@ -221,7 +232,8 @@ def test_the_relay_logs_its_variant_once_per_configuration(caplog):
         f"spec_fused: relaying EAGLE lengths with the fused war_guarded variant (host lengths: "
         f"exact, kernel: {backend})",
         f"spec_fused: relaying EAGLE lengths with the fused war_guarded variant (host lengths: "
-        f"none, kernel: {backend})"]
+        f"none, kernel: {backend})",
+    ]
 
 
 @pytest.mark.parametrize("forced", ["bogus", "other"])
@@ -253,8 +265,9 @@ class _OnCuda(torch.Tensor):
 @pytest.fixture
 def prewarm_calls(monkeypatch):
     calls = []
-    monkeypatch.setattr(sglang_patch, "prewarm",
-                        lambda device, debug: calls.append((str(device), debug)))
+    monkeypatch.setattr(
+        sglang_patch, "prewarm", lambda device, debug: calls.append((str(device), debug))
+    )
     monkeypatch.setattr(sglang_patch, "_prewarmed", set())
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     return calls
@@ -277,8 +290,9 @@ def test_the_prewarm_proves_the_debug_launcher_in_debug_mode(prewarm_calls, monk
     """The canary checks the launcher the relay will build: the poisoning one under
     SPEC_FUSED_DEBUG=1."""
     monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
-    sglang_patch.prewarm_for(SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE),
-                             torch.zeros(4).as_subclass(_OnCuda))
+    sglang_patch.prewarm_for(
+        SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE), torch.zeros(4).as_subclass(_OnCuda)
+    )
     assert prewarm_calls == [("cuda:0", True)]
 
 
@@ -290,5 +304,7 @@ def test_a_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, caplog):
     eagle = SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         sglang_patch.prewarm_for(eagle, torch.zeros(4).as_subclass(_OnCuda))
-    assert messages(caplog) == ["spec_fused: could not compile the fused kernel ahead of "
-                                 "serving (RuntimeError: no compiler)"]
+    assert messages(caplog) == [
+        "spec_fused: could not compile the fused kernel ahead of "
+        "serving (RuntimeError: no compiler)"
+    ]

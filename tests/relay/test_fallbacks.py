@@ -47,8 +47,9 @@ def _patched_run(algo=EAGLE, cfg=CFG, before_trace=None):
 def _break_reference(monkeypatch, broken):
     """Both reference paths fail: the checked one and the launcher's per-step path."""
     monkeypatch.setattr(pg, "_reference_impl", broken)
-    monkeypatch.setattr(step_launcher.StepLauncher, "_launch_reference",
-                        lambda self, *args: broken())
+    monkeypatch.setattr(
+        step_launcher.StepLauncher, "_launch_reference", lambda self, *args: broken()
+    )
 
 
 def test_kernel_that_raises_falls_back_to_the_reference(monkeypatch, caplog, upstream):
@@ -136,8 +137,9 @@ def test_future_map_missing_an_attribute_runs_sglangs_path(caplog, upstream, mon
     monkeypatch.setattr(relay_mod.FusedRelay, "__init__", real_init)
     assert got == upstream
     assert relay_mod.relay_for(fm) is None
-    assert any("cannot relay this FutureMap" in m and "publish_ready" in m
-               for m in messages(caplog))
+    assert any(
+        "cannot relay this FutureMap" in m and "publish_ready" in m for m in messages(caplog)
+    )
 
 
 def test_a_future_map_that_cannot_be_relayed_says_why(monkeypatch, caplog):
@@ -148,27 +150,35 @@ def test_a_future_map_that_cannot_be_relayed_says_why(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         assert relay_mod.relay_for(make_future_map("EAGLE", SMALL)) is None
     assert messages(caplog) == [
-        "spec_fused: cannot relay this FutureMap (ValueError: no good); SGLang's relay runs"]
+        "spec_fused: cannot relay this FutureMap (ValueError: no good); SGLang's relay runs"
+    ]
 
 
 def test_algorithm_without_capabilities_runs_sglangs_path(caplog, monkeypatch):
     from spec_fused import caps as caps_mod
 
-    monkeypatch.setattr(caps_mod, "_TABLE", {k: v for k, v in caps_mod._TABLE.items() if k != "EAGLE3"})
+    monkeypatch.setattr(
+        caps_mod, "_TABLE", {k: v for k, v in caps_mod._TABLE.items() if k != "EAGLE3"}
+    )
     algo = SpeculativeAlgorithm.EAGLE3
     want = run_trace(make_future_map(algo, CFG), CFG)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         got, fm = _patched_run(algo)
     assert got == want and relay_mod.relay_for(fm) is None
-    hits = [m for m in messages(caplog) if "no capabilities for speculative algorithm 'EAGLE3'" in m]
+    hits = [
+        m for m in messages(caplog) if "no capabilities for speculative algorithm 'EAGLE3'" in m
+    ]
     assert len(hits) == 1
 
 
 def test_algorithms_without_capabilities_are_logged_once_each(monkeypatch, caplog):
     from spec_fused import caps as caps_mod
 
-    monkeypatch.setattr(caps_mod, "_TABLE", {k: v for k, v in caps_mod._TABLE.items()
-                                             if k not in ("EAGLE3", "STANDALONE")})
+    monkeypatch.setattr(
+        caps_mod,
+        "_TABLE",
+        {k: v for k, v in caps_mod._TABLE.items() if k not in ("EAGLE3", "STANDALONE")},
+    )
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         for algo in ("EAGLE3", "STANDALONE", "EAGLE3"):
             assert relay_mod.relay_for(make_future_map(algo, SMALL)) is None
@@ -234,15 +244,18 @@ def test_an_unsafe_host_override_is_refused_in_one_line(monkeypatch, caplog, ups
     assert len(hits) == 1 and "reads host lengths" in hits[0]
 
 
-@pytest.mark.parametrize("error", [
-    ValueError("Pointer argument (at 6) cannot be accessed from Triton (cpu tensor?)"),
-    TypeError("function takes exactly 25 arguments (24 given)"),
-    RuntimeError("Triton Error [CUDA]: invalid argument"),
-])
-def test_the_launchers_own_errors_go_down_the_reference_rung(monkeypatch, caplog, upstream,
-                                                             error):
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("Pointer argument (at 6) cannot be accessed from Triton (cpu tensor?)"),
+        TypeError("function takes exactly 25 arguments (24 given)"),
+        RuntimeError("Triton Error [CUDA]: invalid argument"),
+    ],
+)
+def test_the_launchers_own_errors_go_down_the_reference_rung(monkeypatch, caplog, upstream, error):
     """Triton's launcher raises ValueError/TypeError for its own failures: those are the
     backend's, not the caller's, and the torch reference takes over."""
+
     def broken(*args, **kwargs):
         raise error
 
@@ -308,24 +321,29 @@ def test_each_kind_of_kernel_failure_is_logged_once_with_the_device(caplog):
         "spec_fused: fused kernel failed on cpu (RuntimeError: boom); falling back to the "
         "torch reference",
         "spec_fused: fused kernel failed on cpu (KeyError: 'k'); falling back to the torch "
-        "reference"]
+        "reference",
+    ]
 
 
-FALLING_BACK = ("spec_fused: fused kernel failed on cpu (RuntimeError: kernel broke); "
-                "falling back to the torch reference")
+FALLING_BACK = (
+    "spec_fused: fused kernel failed on cpu (RuntimeError: kernel broke); "
+    "falling back to the torch reference"
+)
 
 
 def _break_kernel(monkeypatch, relay):
     from spec_fused.kernels import publish_gather as pg
 
-    monkeypatch.setattr(pg, "_launch",
-                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel broke")))
+    monkeypatch.setattr(
+        pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel broke"))
+    )
     relay.launcher.backend = relay.launcher.backend  # drop anything bound to the kernel
     relay._bind_launch()
 
 
-def test_an_exact_resolve_whose_kernel_fails_gets_its_lengths_from_the_reference(monkeypatch,
-                                                                                caplog):
+def test_an_exact_resolve_whose_kernel_fails_gets_its_lengths_from_the_reference(
+    monkeypatch, caplog
+):
     relay, fm, ops = direct_relay(EXACT)
     with ops.on(ops.forward):
         relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
@@ -353,8 +371,9 @@ def test_a_captured_publish_whose_kernel_fails_lands_on_the_reference(monkeypatc
     relay, fm, ops = direct_relay(EXACT)
     warm_publish_launch(relay, fm, ops)
     # the kernel the warmed variant launches now fails (the reference is pg's own)
-    monkeypatch.setattr(relay.launcher, "_impl",
-                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    monkeypatch.setattr(
+        relay.launcher, "_impl", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x"))
+    )
     ops.capturing_now = True
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         with ops.on(ops.forward):
@@ -377,16 +396,20 @@ def test_a_settled_int32_publish_lands_in_the_int64_buffer(caplog):
 def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog):
     relay, fm, ops = direct_relay(EXACT, ops=None)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        for bad in [(torch.tensor([99]), torch.tensor([1])), (torch.tensor([98]), torch.tensor([2])),
-                    (torch.tensor([1]), "not a tensor")]:
+        for bad in [
+            (torch.tensor([99]), torch.tensor([1])),
+            (torch.tensor([98]), torch.tensor([2])),
+            (torch.tensor([1]), "not a tensor"),
+        ]:
             relay.pending = bad
             relay.land_with_torch()
             assert relay.pending is None
     lines = messages(caplog)
     assert len(lines) == 2
     assert lines[0].startswith("spec_fused: a publish that cannot land was dropped (IndexError: ")
-    assert lines[1].startswith("spec_fused: a publish that cannot land was dropped "
-                               "(AttributeError: ")
+    assert lines[1].startswith(
+        "spec_fused: a publish that cannot land was dropped (AttributeError: "
+    )
 
 
 # ----------------------------------------------------------------------------- hand-back
@@ -413,7 +436,10 @@ def test_a_reader_whose_landing_fails_gets_the_buffer_and_the_relay_is_handed_ba
     monkeypatch.setattr(relay, "land_pending", broken)
     buf = sglang_patch.read_buffer(fm)
     assert buf is fm.__dict__["new_seq_lens_buf"] and buf[3] == 30
-    assert relay_mod.relay_for(fm) is None and relay.disabled_reason == "landing a pending publish failed: landing broke"
+    assert (
+        relay_mod.relay_for(fm) is None
+        and relay.disabled_reason == "landing a pending publish failed: landing broke"
+    )
 
 
 def test_a_future_map_without_the_buffer_has_no_such_attribute():

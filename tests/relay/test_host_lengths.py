@@ -31,8 +31,9 @@ CFG = TraceConfig(pool=16, max_len=32)
 
 
 def _two_batch_ops():
-    op = st.tuples(st.sampled_from(["publish", "resolve", "finish"]), st.integers(0, 1),
-                   st.integers(0, 10**6))
+    op = st.tuples(
+        st.sampled_from(["publish", "resolve", "finish"]), st.integers(0, 1), st.integers(0, 10**6)
+    )
     return st.lists(op, min_size=1, max_size=60)
 
 
@@ -54,22 +55,31 @@ def test_two_batches_in_flight_random_interleavings(ops, algo_name, needs_cpu):
             if op == "publish":
                 for s in slots:
                     lens[s] += r.randint(1, 8)
-                fm.publish(torch.tensor(slots, dtype=torch.int64),
-                           torch.tensor([lens[s] for s in slots], dtype=torch.int32))
+                fm.publish(
+                    torch.tensor(slots, dtype=torch.int64),
+                    torch.tensor([lens[s] for s in slots], dtype=torch.int32),
+                )
             elif op == "resolve":
                 batch = decode_batch(slots, cfg)
                 fm.resolve_seq_lens_cpu(batch)
-                seen.append((b, batch.seq_lens.tolist(),
-                             None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist(),
-                             batch.seq_lens_sum))
+                seen.append(
+                    (
+                        b,
+                        batch.seq_lens.tolist(),
+                        None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist(),
+                        batch.seq_lens_sum,
+                    )
+                )
             else:  # finish: free this batch's slots, reuse some for fresh requests
                 free.extend(slots)
                 r.shuffle(free)
                 batches[b] = [free.pop() for _ in range(r.randint(0, 4))]
                 for s in batches[b]:
                     lens[s] = r.randint(1, 30)
-                fm.publish(torch.tensor(batches[b], dtype=torch.int64),
-                           torch.tensor([lens[s] for s in batches[b]], dtype=torch.int64))
+                fm.publish(
+                    torch.tensor(batches[b], dtype=torch.int64),
+                    torch.tensor([lens[s] for s in batches[b]], dtype=torch.int64),
+                )
         return seen
 
     want, got = unpatched_then_patched(drive, algo_name, cfg, needs_cpu_seq_lens=needs_cpu)
@@ -116,8 +126,7 @@ def _launched_with_a_stale_stamp(relay, gather, lens):
 
 
 @pytest.mark.parametrize("debug", [True, False])
-def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypatch, debug,
-                                                                       caplog):
+def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypatch, debug, caplog):
     if debug:
         monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
     log.reset()
@@ -134,8 +143,9 @@ def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypat
                 stamp, out = _launched_with_a_stale_stamp(relay, [1, 2], [7 + step, 8])
                 lens, total = relay._read_host(stamp, out, wait=lambda: None)
                 assert lens.tolist() == [7 + step, 8] and total == 15 + step
-    lines = [r.getMessage() for r in caplog.records if "reading this step's lengths" in
-             r.getMessage()]
+    lines = [
+        r.getMessage() for r in caplog.records if "reading this step's lengths" in r.getMessage()
+    ]
     assert len(lines) == 1
 
 
@@ -151,12 +161,13 @@ def test_a_resolve_with_nothing_to_gather_lands_the_pending_publish():
         assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][3] == 30
 
 
-# ----------------------------------------------------------------------------- who gets host lengths
+# ------------------------------------------------------------------- who gets host lengths
 
 
 @pytest.mark.parametrize("how", ["worker", "env"])
 def test_an_explicit_exact_claim_gives_the_batch_host_lengths_on_opted_out_backends(
-        how, monkeypatch):
+    how, monkeypatch
+):
     """Where every backend opts out upstream hands the step no host lengths; a worker's
     ``host_seq_lens="exact"`` or ``SPEC_FUSED_HOST_SEQ_LENS=exact`` puts them back - on
     the batch, not only in the caps."""
@@ -190,13 +201,15 @@ def test_no_claim_on_opted_out_backends_gives_the_batch_no_host_lengths(monkeypa
     assert (batch.seq_lens_cpu, batch.seq_lens_sum) == (None, None)
 
 
-@pytest.mark.parametrize("algo, needs_cpu, gives", [
-    ("EAGLE", True, True),    # a backend reads host lengths: upstream gives them
-    ("NGRAM", False, False),  # exact caps, but this FutureMap (unlike a server's) says no
-    ("NGRAM", True, True),
-])
-def test_unclaimed_exact_host_lengths_follow_upstreams_flag(algo, needs_cpu, gives,
-                                                             monkeypatch):
+@pytest.mark.parametrize(
+    "algo, needs_cpu, gives",
+    [
+        ("EAGLE", True, True),  # a backend reads host lengths: upstream gives them
+        ("NGRAM", False, False),  # exact caps, but this FutureMap (unlike a server's) says no
+        ("NGRAM", True, True),
+    ],
+)
+def test_unclaimed_exact_host_lengths_follow_upstreams_flag(algo, needs_cpu, gives, monkeypatch):
     """Without an explicit claim the batch gets host lengths exactly where SGLang's own
     FutureMap would: its ``needs_cpu_seq_lens`` (upstream forces it for NGRAM)."""
     monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
@@ -238,8 +251,9 @@ def test_an_empty_exact_resolve_gives_what_upstream_gives():
     assert batch.seq_lens_sum == upstream_batch.seq_lens_sum == 0
 
 
-@pytest.mark.parametrize("host", [torch.tensor([5, 6, 7]), torch.tensor([5.0, 6.0]),
-                                  torch.tensor([[5, 6]]), [5, 6]])
+@pytest.mark.parametrize(
+    "host", [torch.tensor([5, 6, 7]), torch.tensor([5.0, 6.0]), torch.tensor([[5, 6]]), [5, 6]]
+)
 def test_host_indices_that_are_not_the_batchs_own_are_not_gathered_from(host):
     """Only a 1-D integer CPU copy of ``future_indices``, as long as it, is staged; any
     other exact step is SGLang's, after the pending publish landed - gated on
@@ -261,6 +275,7 @@ def test_debug_mode_checks_the_host_indices_against_future_indices():
         relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
     batch = decode_batch([1, 2], CFG)
     batch.req_pool_indices_cpu = torch.tensor([2, 1])
-    with pytest.raises(AssertionError,
-                       match="^batch.req_pool_indices_cpu differs from future_indices$"):
+    with pytest.raises(
+        AssertionError, match="^batch.req_pool_indices_cpu differs from future_indices$"
+    ):
         relay.resolve(fm, batch)

@@ -90,9 +90,18 @@ def test_two_batches_in_flight_keep_their_own_lengths(algo, needs_cpu):
     with patched_future_map(algo, CFG, needs_cpu_seq_lens=needs_cpu) as fm:
         held = []
         for k in range(6):
-            batch = _step(fm, [1, 2, 3] if k % 2 else [4, 5], [10 * k + 1, 10 * k + 2, 10 * k + 3][:3 if k % 2 else 2])
-            held.append((batch, batch.seq_lens.tolist(),
-                         None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist()))
+            batch = _step(
+                fm,
+                [1, 2, 3] if k % 2 else [4, 5],
+                [10 * k + 1, 10 * k + 2, 10 * k + 3][: 3 if k % 2 else 2],
+            )
+            held.append(
+                (
+                    batch,
+                    batch.seq_lens.tolist(),
+                    None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist(),
+                )
+            )
         ptrs = {b.seq_lens.data_ptr() for b, _, _ in held[-3:]}
         assert len(ptrs) == 3  # three batches alive, three storages
         for batch, lens, host in held:

@@ -53,13 +53,15 @@ def _notes(exc) -> str:
 @pytest.mark.parametrize("needs_cpu", [True, False])
 @pytest.mark.parametrize("algo", ["EAGLE", "DFLASH"])
 def test_a_sticky_fault_in_a_relay_step_escapes_naming_spec_fused(
-        monkeypatch, caplog, cuda_standin, algo, needs_cpu, fault):
+    monkeypatch, caplog, cuda_standin, algo, needs_cpu, fault
+):
     fm = make_future_map(algo, CFG, needs_cpu_seq_lens=needs_cpu)
     fm.publish(torch.tensor([1, 2]), torch.tensor([10, 20]))
     relay = relay_mod.relay_for(fm)
     backend = relay.launcher.backend
-    monkeypatch.setattr(relay.launcher, "_impl",
-                        lambda *a, **k: (_ for _ in ()).throw(FAULTS[fault]()))
+    monkeypatch.setattr(
+        relay.launcher, "_impl", lambda *a, **k: (_ for _ in ()).throw(FAULTS[fault]())
+    )
     with caplog.at_level(logging.ERROR, logger="spec_fused"):
         with pytest.raises(RuntimeError) as info:
             fm.resolve_seq_lens_cpu(decode_batch([1, 2], CFG))
@@ -98,10 +100,11 @@ def test_a_sticky_fault_while_landing_a_pending_publish_escapes(monkeypatch, cud
     fm = make_future_map("EAGLE", CFG)
     fm.publish(torch.tensor([1]), torch.tensor([10]))
     relay = relay_mod.relay_for(fm)
-    monkeypatch.setattr(relay.launcher, "_impl",
-                        lambda *a, **k: (_ for _ in ()).throw(_triton_error()))
+    monkeypatch.setattr(
+        relay.launcher, "_impl", lambda *a, **k: (_ for _ in ()).throw(_triton_error())
+    )
     with pytest.raises(RuntimeError) as info:
-        fm.new_seq_lens_buf  # another reader: the pending publish lands first
+        _ = fm.new_seq_lens_buf  # another reader: the pending publish lands first
     assert "SPEC_FUSED_DISABLE=1" in _notes(info.value)
     assert fm.__dict__[relay_mod.RELAY_ATTR] is relay  # not handed to SGLang
     relay.pending = None  # a dead context: nothing is left to land at teardown
@@ -130,24 +133,25 @@ RECOVERABLE = {
     "out of memory": lambda: torch.OutOfMemoryError("CUDA out of memory. Tried to allocate"),
     "launcher ValueError": lambda: ValueError("pointer argument cannot be accessed"),
     "launcher TypeError": lambda: TypeError("function takes exactly 22 arguments"),
-    "non-sticky AcceleratorError": lambda: torch.AcceleratorError(
-        "CUDA error: invalid argument"),
+    "non-sticky AcceleratorError": lambda: torch.AcceleratorError("CUDA error: invalid argument"),
 }
 
 
 @pytest.fixture(scope="module")
 def upstream_traces():
     """SGLang's own FutureMap on the trace, before anything is patched."""
-    return {needs_cpu: run_trace(make_future_map("EAGLE", CFG, needs_cpu_seq_lens=needs_cpu),
-                                 CFG) for needs_cpu in (True, False)}
+    return {
+        needs_cpu: run_trace(make_future_map("EAGLE", CFG, needs_cpu_seq_lens=needs_cpu), CFG)
+        for needs_cpu in (True, False)
+    }
 
 
 @pytest.mark.parametrize("error", RECOVERABLE)
 @pytest.mark.parametrize("needs_cpu", [True, False])
-def test_a_recoverable_error_falls_back_with_the_lengths_intact(upstream_traces, monkeypatch,
-                                                                cuda_standin, error, needs_cpu):
-    monkeypatch.setattr(pg, "_launch",
-                        lambda *a, **k: (_ for _ in ()).throw(RECOVERABLE[error]()))
+def test_a_recoverable_error_falls_back_with_the_lengths_intact(
+    upstream_traces, monkeypatch, cuda_standin, error, needs_cpu
+):
+    monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RECOVERABLE[error]()))
     fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=needs_cpu)
     assert run_trace(fm, CFG) == upstream_traces[needs_cpu]
     relay = fm.__dict__[relay_mod.RELAY_ATTR]
@@ -159,8 +163,9 @@ def test_every_sticky_code_is_recognised_by_code_and_by_text(code, text):
     coded = torch.AcceleratorError("opaque")
     coded.error_code = code
     assert is_sticky_fault(coded)
-    assert is_sticky_fault(RuntimeError(f"CUDA error: {text}\nCUDA kernel errors might be "
-                                        f"asynchronously reported"))
+    assert is_sticky_fault(
+        RuntimeError(f"CUDA error: {text}\nCUDA kernel errors might be asynchronously reported")
+    )
     assert is_sticky_fault(RuntimeError(f"Triton Error [CUDA]: {text}"))
 
 

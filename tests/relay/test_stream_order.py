@@ -55,8 +55,9 @@ def fake(monkeypatch):
 
     relay._launch = logged
     ops.log.clear()
-    yield SimpleNamespace(ops=ops, fm=fm, relay=relay, ready=fm.publish_ready.name,
-                          done=relay.done_event.name)
+    yield SimpleNamespace(
+        ops=ops, fm=fm, relay=relay, ready=fm.publish_ready.name, done=relay.done_event.name
+    )
     sglang_patch.remove()
 
 
@@ -66,12 +67,12 @@ def test_exact_lengths_wait_for_the_publish_only_and_the_host_for_one_launch(fak
     fm.resolve_seq_lens_cpu(batch)  # on the schedule stream
     relay = fake.relay.relay_stream.name
     assert ops.log == [
-        (relay, "wait_event", fake.ready),        # gated on publish_ready, nothing else
-        (relay, "launch", "host"),                # the one launch, on the private stream
+        (relay, "wait_event", fake.ready),  # gated on publish_ready, nothing else
+        (relay, "launch", "host"),  # the one launch, on the private stream
         (relay, "record", fake.done),
-        ("schedule", "wait_event", fake.done),    # the caller's stream, on the device
+        ("schedule", "wait_event", fake.done),  # the caller's stream, on the device
         ("schedule", "record_stream"),
-        ("host", "synchronize", fake.done),       # the host waits for this launch only
+        ("host", "synchronize", fake.done),  # the host waits for this launch only
     ]
     assert batch.seq_lens.tolist() == [10, 20]
     assert batch.seq_lens_cpu.tolist() == [10, 20] and batch.seq_lens_sum == 30
@@ -89,9 +90,10 @@ def test_without_pinned_host_indices_the_step_is_sglangs_never_behind_the_schedu
     relay = fake.relay.relay_stream.name
     assert ops.log == [
         (relay, "wait_event", fake.ready),
-        (relay, "record_stream"), (relay, "record_stream"),
-        (relay, "launch", "device"),             # the pending publish lands ...
-        (relay, "record", fake.ready),           # ... and publish_ready follows it
+        (relay, "record_stream"),
+        (relay, "record_stream"),
+        (relay, "launch", "device"),  # the pending publish lands ...
+        (relay, "record", fake.ready),  # ... and publish_ready follows it
         ("schedule", "wait_event", fake.ready),  # the caller's stream, on the device
         ("schedule", "wait_event", fake.ready),  # SGLang's resolve: its own wait
     ]
@@ -104,8 +106,10 @@ def test_gpu_only_lengths_wait_on_the_device_and_launch_on_the_callers_stream(fa
     fake.fm.needs_cpu_seq_lens = False
     batch = decode_batch([1, 2], CFG)
     fake.fm.resolve_seq_lens_cpu(batch)
-    assert fake.ops.log == [("schedule", "wait_event", fake.ready),
-                            ("schedule", "launch", "device")]
+    assert fake.ops.log == [
+        ("schedule", "wait_event", fake.ready),
+        ("schedule", "launch", "device"),
+    ]
     assert batch.seq_lens_cpu is None and batch.seq_lens_sum is None
 
 
@@ -119,10 +123,11 @@ def test_a_mixed_chunk_landing_runs_on_the_private_stream_gated_on_the_publish(f
     relay = fake.relay.relay_stream.name
     assert ops.log == [
         (relay, "wait_event", fake.ready),
-        (relay, "record_stream"), (relay, "record_stream"),  # the publish's tensors
-        (relay, "launch", "device"),                         # publish-only
-        (relay, "record", fake.ready),                       # re-recorded after it
-        ("schedule", "wait_event", fake.ready),              # on the device only
+        (relay, "record_stream"),
+        (relay, "record_stream"),  # the publish's tensors
+        (relay, "launch", "device"),  # publish-only
+        (relay, "record", fake.ready),  # re-recorded after it
+        ("schedule", "wait_event", fake.ready),  # on the device only
     ]
     assert not [e for e in ops.log if e[0] == "schedule" and e[1] in ("launch", "record")]
     assert fm.__dict__["new_seq_lens_buf"][1:3].tolist() == [10, 20]
@@ -135,11 +140,12 @@ def test_a_second_publish_orders_the_forward_behind_the_landed_first(fake):
     relay = fake.relay.relay_stream.name
     assert ops.log == [
         (relay, "wait_event", fake.ready),
-        (relay, "record_stream"), (relay, "record_stream"),
-        (relay, "launch", "device"),             # the first publish lands ...
+        (relay, "record_stream"),
+        (relay, "record_stream"),
+        (relay, "launch", "device"),  # the first publish lands ...
         (relay, "record", fake.ready),
-        ("forward", "wait_event", fake.ready),   # ... before the forward goes on
-        ("forward", "record", fake.ready),       # and the second publish is recorded
+        ("forward", "wait_event", fake.ready),  # ... before the forward goes on
+        ("forward", "record", fake.ready),  # and the second publish is recorded
     ]
     batch = decode_batch([1, 2, 3], CFG)
     fm.resolve_seq_lens_cpu(batch)
@@ -189,8 +195,11 @@ def test_fencing_keeps_the_pending_publishs_tensors_alive_on_the_callers_stream(
         relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
     ops.log.clear()
     relay.fence_current_stream()
-    assert ops.log == [("schedule", "wait_event", fm.publish_ready.name),
-                       ("schedule", "record_stream"), ("schedule", "record_stream")]
+    assert ops.log == [
+        ("schedule", "wait_event", fm.publish_ready.name),
+        ("schedule", "record_stream"),
+        ("schedule", "record_stream"),
+    ]
 
 
 # ----------------------------------------------------------------------------- graph capture
@@ -221,10 +230,11 @@ def test_a_publish_pending_when_capture_begins_lands_outside_it(fake):
     relay_name = relay.relay_stream.name
     assert ops.log == [
         (relay_name, "wait_event", fake.ready),
-        (relay_name, "record_stream"), (relay_name, "record_stream"),
-        (relay_name, "launch", "device"),        # the pending publish, outside the capture
+        (relay_name, "record_stream"),
+        (relay_name, "record_stream"),
+        (relay_name, "launch", "device"),  # the pending publish, outside the capture
         (relay_name, "record", fake.ready),
-        ("forward", "launch", "device"),         # the captured one, in it
+        ("forward", "launch", "device"),  # the captured one, in it
         ("forward", "record", relay.capture_ready.name),  # an external event
     ]  # and no wait of the capturing stream on an event recorded outside the capture
     assert fm.__dict__["new_seq_lens_buf"][[1, 2, 4]].tolist() == [10, 20, 40]
@@ -243,8 +253,9 @@ def test_a_captured_publish_runs_on_the_kernel_and_logs_the_pending_one_once(cap
             ops.capturing_now = False
     assert relay.launcher.backend == backend and relay.pending is None
     assert fm.new_seq_lens_buf[1:3].tolist() == [11, 21]
-    assert messages(caplog) == ["spec_fused: a publish pending when CUDA-graph capture began "
-                                 "was landed outside the capture"]
+    assert messages(caplog) == [
+        "spec_fused: a publish pending when CUDA-graph capture began was landed outside the capture"
+    ]
 
 
 def test_a_captured_publish_of_a_variant_never_launched_is_sglangs_own(caplog):
@@ -260,9 +271,11 @@ def test_a_captured_publish_of_a_variant_never_launched_is_sglangs_own(caplog):
                 relay.publish(fm, torch.tensor([1]), torch.tensor([1.5]))
     assert relay.launcher.backend == backend and relay.pending is None
     assert ops.log == []  # not launched, not recorded: SGLang's publish does both
-    assert messages(caplog) == ["spec_fused: a publish under CUDA-graph capture is "
-                                "SGLang's own (its launch specialization was not compiled before "
-                                "the capture)"]
+    assert messages(caplog) == [
+        "spec_fused: a publish under CUDA-graph capture is "
+        "SGLang's own (its launch specialization was not compiled before "
+        "the capture)"
+    ]
 
 
 def test_a_captured_publish_arms_consume_once_as_upstreams_publish_does():
@@ -351,8 +364,11 @@ def test_every_caller_stream_is_vetted_before_the_private_stream_runs_its_work(m
     """The first use of the private stream may be a landing from the forward stream (two
     publishes without a resolve); the schedule stream is vetted too, at its own first
     use, and a private stream that aliases it is redrawn, ordered after the old one."""
-    with _published_on_the_forward(monkeypatch, (1, 5), [([1], [10]), ([2], [20])]) \
-            as (ops, fm, relay):
+    with _published_on_the_forward(monkeypatch, (1, 5), [([1], [10]), ([2], [20])]) as (
+        ops,
+        fm,
+        relay,
+    ):
         assert relay.relay_stream.cuda_stream == 1  # fine for the forward stream (2)
         ops.log.clear()
         batch = decode_batch([1, 2], CFG)
@@ -370,7 +386,8 @@ def test_landing_with_plain_torch_fences_before_it_forgets_the_publish(fake):
     relay.land_with_torch()
     assert ops.log == [
         ("schedule", "wait_event", fake.ready),
-        ("schedule", "record_stream"), ("schedule", "record_stream"),  # indices, values
+        ("schedule", "record_stream"),
+        ("schedule", "record_stream"),  # indices, values
         ("schedule", "record", fake.ready),
     ]
     assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][1:3].tolist() == [10, 20]

@@ -28,15 +28,13 @@ class FakeCompiled:
         self.src = SimpleNamespace(signature={i: "*i64" for i in range(n_args)})
         self.calls = []
 
-    def run(self, gx, gy, gz, stream, function, metadata, launch_metadata, enter, exit_,
-            *args):
+    def run(self, gx, gy, gz, stream, function, metadata, launch_metadata, enter, exit_, *args):
         assert (gx, gy, gz) == (1, 1, 1) and function is self.function
         assert metadata is self.packed_metadata
         assert launch_metadata is None and enter is None and exit_ is None
         self.calls.append(stream)
         *plain, has_host, has_stamp, poison, block = args
-        KERNEL[(1,)](*plain, HAS_HOST=has_host, HAS_STAMP=has_stamp, POISON=poison,
-                     BLOCK=block)
+        KERNEL[(1,)](*plain, HAS_HOST=has_host, HAS_STAMP=has_stamp, POISON=poison, BLOCK=block)
         if self.corrupt is not None:
             self.corrupt(plain[9])  # out_ptr
 

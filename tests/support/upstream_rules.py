@@ -28,8 +28,9 @@ from compat.expectations import expectation_for
 # ----------------------------------------------------------------------- expected decisions
 
 
-def expected_barrier(gate: bool, worker: Optional[bool], env: Optional[str],
-                     fences: bool = False) -> bool:
+def expected_barrier(
+    gate: bool, worker: Optional[bool], env: Optional[str], fences: bool = False
+) -> bool:
     """``Scheduler._war_barrier_enabled`` after the patch: upstream's platform gate, and
     the barrier dropped only by ``SPEC_FUSED_WAR_BARRIER=0``, by the worker's own
     ``needs_war_barrier=False``, or for a worker that fences its own writes (no release
@@ -43,8 +44,14 @@ def expected_barrier(gate: bool, worker: Optional[bool], env: Optional[str],
     return not fences
 
 
-def expected_host(algorithm: str, *, needs_cpu: bool, tbo: bool,
-                  worker: Optional[str] = None, env: Optional[str] = None) -> str:
+def expected_host(
+    algorithm: str,
+    *,
+    needs_cpu: bool,
+    tbo: bool,
+    worker: Optional[str] = None,
+    env: Optional[str] = None,
+) -> str:
     """What ``host_seq_lens`` must be. Upstream forces exact host lengths for NGRAM and
     under two-batch overlap. A worker's own "exact" stands (it says it plans with them);
     its "reserved"/"none" stands only where every backend opts out, for a backend that
@@ -62,14 +69,19 @@ def expected_host(algorithm: str, *, needs_cpu: bool, tbo: bool,
         host = worker or "none"
     else:
         host = "exact"
-    if env == "exact" or (env is not None and not forced and not needs_cpu
-                          and worker != "exact"):
+    if env == "exact" or (env is not None and not forced and not needs_cpu and worker != "exact"):
         host = env
     return host
 
 
-def expected_refusals(algorithm: str, *, needs_cpu: bool, tbo: bool,
-                      worker: Optional[str] = None, env: Optional[str] = None) -> int:
+def expected_refusals(
+    algorithm: str,
+    *,
+    needs_cpu: bool,
+    tbo: bool,
+    worker: Optional[str] = None,
+    env: Optional[str] = None,
+) -> int:
     """How many host-length claims must be refused (each logged once): a worker's
     non-exact claim where a backend reads host lengths (NGRAM's forcing comes first, so
     only an exact claim of its worker counts, and that is never refused), and an
@@ -99,8 +111,9 @@ def light_scheduler(tmp_path: Path) -> types.ModuleType:
     the installed release's own ``_apply_war_barrier`` (same code, same fingerprint)."""
     method = textwrap.indent(textwrap.dedent(_war_barrier_source()), "    ")
     path = tmp_path / "light_scheduler.py"
-    path.write_text("from sglang.srt.environ import envs  # noqa: F401\n\n\n"
-                    "class Scheduler:\n" + method + "\n")
+    path.write_text(
+        "from sglang.srt.environ import envs  # noqa: F401\n\n\nclass Scheduler:\n" + method + "\n"
+    )
     spec = importlib.util.spec_from_file_location("sglang.srt.managers.scheduler", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -129,10 +142,10 @@ def make_scheduler(scheduler_cls, algorithm, future_map, *, worker=None, server_
     sched.draft_worker = worker if worker is not None else SimpleNamespace()
     sched.future_map = future_map
     sched.server_args = server_args
-    runner = SimpleNamespace(shared_read_done_event="read-done",
-                             war_fastpath_read_done_event="read-done")
-    sched.model_worker = SimpleNamespace(last_shared_read_runner=runner,
-                                         war_fastpath_runner=runner)
+    runner = SimpleNamespace(
+        shared_read_done_event="read-done", war_fastpath_read_done_event="read-done"
+    )
+    sched.model_worker = SimpleNamespace(last_shared_read_runner=runner, war_fastpath_runner=runner)
     sched.schedule_stream = StreamLog()
     sched.forward_stream = "forward"
     return sched
@@ -182,8 +195,9 @@ DECLARATIONS = (None, True, False)  # the worker's own needs_war_barrier
 ENV_BARRIER = (None, "0", "1")
 
 
-def check_barrier_configuration(scheduler_cls, algorithm, *, needs_cpu, tbo, worker, env,
-                                gate, monkeypatch, device="cpu"):
+def check_barrier_configuration(
+    scheduler_cls, algorithm, *, needs_cpu, tbo, worker, env, gate, monkeypatch, device="cpu"
+):
     """One configuration on a patched ``Scheduler``: the effective
     ``_war_barrier_enabled``, what ``_apply_war_barrier`` then does, and the host lengths
     the relay of its FutureMap gives, all against the rules above."""
@@ -196,8 +210,9 @@ def check_barrier_configuration(scheduler_cls, algorithm, *, needs_cpu, tbo, wor
         monkeypatch.setenv("SPEC_FUSED_WAR_BARRIER", env)
     worker_ns = SimpleNamespace() if worker is None else SimpleNamespace(needs_war_barrier=worker)
     with server_config(tbo=tbo, algorithm=algorithm.name) as args:
-        fm = make_future_map(algorithm, TraceConfig(pool=16, max_len=8), device=device,
-                             needs_cpu_seq_lens=needs_cpu)
+        fm = make_future_map(
+            algorithm, TraceConfig(pool=16, max_len=8), device=device, needs_cpu_seq_lens=needs_cpu
+        )
         sched = make_scheduler(scheduler_cls, algorithm, fm, worker=worker_ns, server_args=args)
         calls = barrier_calls(sched, gate)
         relay = relay_mod.relay_for(fm)
@@ -214,13 +229,22 @@ def check_barrier_configuration(scheduler_cls, algorithm, *, needs_cpu, tbo, wor
     assert relay is not None and relay.host_seq_lens == want_host, (where, relay.caps.explain())
 
 
-def check_barrier_matrix(scheduler_cls, algorithm, *, needs_cpu, tbo, monkeypatch,
-                         device="cpu", gates=(True, False)) -> None:
+def check_barrier_matrix(
+    scheduler_cls, algorithm, *, needs_cpu, tbo, monkeypatch, device="cpu", gates=(True, False)
+) -> None:
     """:func:`check_barrier_configuration` for every worker declaration x environment
     setting x platform gate."""
     for worker in DECLARATIONS:
         for env in ENV_BARRIER:
             for gate in gates:
-                check_barrier_configuration(scheduler_cls, algorithm, needs_cpu=needs_cpu,
-                                            tbo=tbo, worker=worker, env=env, gate=gate,
-                                            monkeypatch=monkeypatch, device=device)
+                check_barrier_configuration(
+                    scheduler_cls,
+                    algorithm,
+                    needs_cpu=needs_cpu,
+                    tbo=tbo,
+                    worker=worker,
+                    env=env,
+                    gate=gate,
+                    monkeypatch=monkeypatch,
+                    device=device,
+                )

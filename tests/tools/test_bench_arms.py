@@ -18,8 +18,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from bench import ab_throughput  # noqa: E402
 from support.upstream_rules import expected_barrier  # noqa: E402
+
+from bench import ab_throughput  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -39,8 +40,12 @@ def test_arm_b_takes_the_production_decision(algorithm, needs_cpu, force_barrier
     caps = ab_throughput.production_caps(algorithm, needs_cpu, env)
     assert caps.needs_war_barrier is expected_barrier(True, None, "0" if dropped else None)
 
-    args = SimpleNamespace(pool=64, needs_cpu_seq_lens=needs_cpu,
-                           force_barrier_free=force_barrier_free, kernel_backend="reference")
+    args = SimpleNamespace(
+        pool=64,
+        needs_cpu_seq_lens=needs_cpu,
+        force_barrier_free=force_barrier_free,
+        kernel_backend="reference",
+    )
     cpu = torch.device("cpu")
     arm_a = ab_throughput.make_arm("A", algorithm, cpu, args)
     arm_b = ab_throughput.make_arm("B", algorithm, cpu, args)
@@ -56,10 +61,28 @@ def test_arm_b_takes_the_production_decision(algorithm, needs_cpu, force_barrier
 
 
 def test_the_tables_state_each_arms_barrier(tmp_path):
-    payload = ab_throughput.main(["--quick", "--no-plot", "--out", str(tmp_path),
-                                  "--algorithms", "DFLASH", "--concurrency", "2",
-                                  "--rounds", "1", "--steps", "4", "--warmup-steps", "1",
-                                  "--needs-cpu-seq-lens", "0", "--pool", "64"])
+    payload = ab_throughput.main(
+        [
+            "--quick",
+            "--no-plot",
+            "--out",
+            str(tmp_path),
+            "--algorithms",
+            "DFLASH",
+            "--concurrency",
+            "2",
+            "--rounds",
+            "1",
+            "--steps",
+            "4",
+            "--warmup-steps",
+            "1",
+            "--needs-cpu-seq-lens",
+            "0",
+            "--pool",
+            "64",
+        ]
+    )
     written = json.loads((tmp_path / "ab_throughput.json").read_text())
     for data in (payload, written):
         (row,) = data["summary"]

@@ -29,11 +29,13 @@ def relays():
 
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_counts_per_provider(relays, batch):
-    cfg = kernel_sweep.Settings(host_reps=1, host_warmup=0, count_reps=2, bench_warmup_ms=0,
-                                bench_rep_ms=0)
-    rows = {c.provider: kernel_sweep.measure_case(c, torch.device("cpu"), 64, batch, cfg,
-                                                  "interpreter")
-            for c in kernel_sweep.build_cases(relays, torch.device("cpu"), 64, batch, seed=1)}
+    cfg = kernel_sweep.Settings(
+        host_reps=1, host_warmup=0, count_reps=2, bench_warmup_ms=0, bench_rep_ms=0
+    )
+    rows = {
+        c.provider: kernel_sweep.measure_case(c, torch.device("cpu"), 64, batch, cfg, "interpreter")
+        for c in kernel_sweep.build_cases(relays, torch.device("cpu"), 64, batch, seed=1)
+    }
     up, exact, free = rows["upstream"], rows["fused-exact"], rows["fused-barrier-free"]
     # upstream: scatter, gather, the .cpu() copy; one blocking read; the batch's lengths
     assert (up["launches"], up["host_syncs"], up["d2h_bytes"]) == (3, 1, 8 * batch)

@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -20,8 +20,14 @@ from spec_fused.tools import doctor
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 # Settings that change the answer; each test sets the ones it is about.
-_SCRUB = ("SPEC_FUSED_DISABLE", "SGLANG_PLUGINS", "SPEC_FUSED_FORCE_REFERENCE",
-          "SPEC_FUSED_WAR_BARRIER", "SPEC_FUSED_HOST_SEQ_LENS", "SPEC_FUSED_ALLOW_UNTESTED")
+_SCRUB = (
+    "SPEC_FUSED_DISABLE",
+    "SGLANG_PLUGINS",
+    "SPEC_FUSED_FORCE_REFERENCE",
+    "SPEC_FUSED_WAR_BARRIER",
+    "SPEC_FUSED_HOST_SEQ_LENS",
+    "SPEC_FUSED_ALLOW_UNTESTED",
+)
 
 # Runs the CLI in a process where SGLang looks uninstalled: its modules cannot be
 # imported and importlib.metadata knows no "sglang" distribution.
@@ -61,12 +67,19 @@ def _env(**extra):
     return env
 
 
-@lru_cache(maxsize=None)
+@cache
 def _run(*args, no_sglang=False, env_items=()):
-    prefix = [sys.executable, "-c", _NO_SGLANG] if no_sglang else \
-        [sys.executable, "-m", "spec_fused"]
-    return subprocess.run([*prefix, *args], capture_output=True, text=True, cwd=ROOT,
-                          env=_env(**dict(env_items)), timeout=TIMEOUT_S)
+    prefix = (
+        [sys.executable, "-c", _NO_SGLANG] if no_sglang else [sys.executable, "-m", "spec_fused"]
+    )
+    return subprocess.run(
+        [*prefix, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=_env(**dict(env_items)),
+        timeout=TIMEOUT_S,
+    )
 
 
 def _json(**kw):
@@ -74,8 +87,10 @@ def _json(**kw):
     try:
         report = json.loads(proc.stdout)
     except json.JSONDecodeError:  # pragma: no cover - the failure message is the point
-        pytest.fail(f"doctor --json printed no JSON (rc={proc.returncode}):\n"
-                    f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        pytest.fail(
+            f"doctor --json printed no JSON (rc={proc.returncode}):\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
     return proc, report
 
 
@@ -131,20 +146,40 @@ def test_caps_rows_are_upstreams_decision_for_every_installed_algorithm():
         row = rows[name]
         assert "error" not in row, row
         assert (row["needs_war_barrier"], row["host_seq_lens"], row["variant"]) == (
-            True, "exact", "war_guarded"), row
+            True,
+            "exact",
+            "war_guarded",
+        ), row
     assert "no verify_done" in rows["DFLASH"]["reason"]
 
 
-@pytest.mark.parametrize("flags, host, verdict", [
-    (("--attention-backend", "fa3", "--speculative-algorithm", "DFLASH"), "opted out",
-     "changes nothing that matters here"),
-    (("--attention-backend", "flashinfer", "--speculative-algorithm", "DFLASH"), "read",
-     "helps: no pool-sized D2H copy"),
-    (("--attention-backend", "triton", "--speculative-algorithm", "NGRAM"), "read",
-     "helps"),
-    (("--attention-backend", "triton", "--speculative-algorithm", "EAGLE",
-      "--enable-two-batch-overlap"), "read", "helps"),
-])
+@pytest.mark.parametrize(
+    "flags, host, verdict",
+    [
+        (
+            ("--attention-backend", "fa3", "--speculative-algorithm", "DFLASH"),
+            "opted out",
+            "changes nothing that matters here",
+        ),
+        (
+            ("--attention-backend", "flashinfer", "--speculative-algorithm", "DFLASH"),
+            "read",
+            "helps: no pool-sized D2H copy",
+        ),
+        (("--attention-backend", "triton", "--speculative-algorithm", "NGRAM"), "read", "helps"),
+        (
+            (
+                "--attention-backend",
+                "triton",
+                "--speculative-algorithm",
+                "EAGLE",
+                "--enable-two-batch-overlap",
+            ),
+            "read",
+            "helps",
+        ),
+    ],
+)
 def test_doctor_answers_for_a_configuration_in_sglangs_own_flags(flags, host, verdict):
     """Facts read from SGLang 0.5.16+'s backends: FA3 and Triton opt out of host lengths,
     FlashInfer reads them; NGRAM and two-batch overlap force them."""
@@ -200,8 +235,10 @@ def test_without_sglang_still_reports_and_exits_1():
 def test_text_output_has_the_table():
     proc = _run("doctor")
     assert proc.returncode == _json()[0].returncode
-    header = next((line.split() for line in proc.stdout.splitlines()
-                   if line.split()[:1] == ["algorithm"]), None)
+    header = next(
+        (line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["algorithm"]),
+        None,
+    )
     assert header == list(doctor.CAPS_COLUMNS), proc.stdout
     for section in ("Versions", "Plugin", "Kernel backend", "Capabilities"):
         assert section in proc.stdout
@@ -251,16 +288,24 @@ def test_entry_point_is_the_declared_one():
     assert doctor.EXPECTED_ENTRY_POINT in checks["installed"]["reason"]
 
 
-@pytest.mark.parametrize("kernel, interpreted, device, env, expected", [
-    (True, False, "cuda", {}, ("triton", "Triton compiled")),
-    (True, True, "cpu", {}, ("interpreter", "TRITON_INTERPRET=1")),
-    (True, True, "cuda", {}, ("reference", "CPU tensors only")),
-    (False, False, "cuda", {}, ("reference", "no Triton")),
-    (True, False, "mps", {}, ("reference", "cannot drive mps")),
-    (True, False, "cpu", {}, ("reference", "TRITON_INTERPRET=1 would")),
-    (True, False, "cuda", {"SPEC_FUSED_FORCE_REFERENCE": "1"},
-     ("reference", "SPEC_FUSED_FORCE_REFERENCE=1")),
-])
+@pytest.mark.parametrize(
+    "kernel, interpreted, device, env, expected",
+    [
+        (True, False, "cuda", {}, ("triton", "Triton compiled")),
+        (True, True, "cpu", {}, ("interpreter", "TRITON_INTERPRET=1")),
+        (True, True, "cuda", {}, ("reference", "CPU tensors only")),
+        (False, False, "cuda", {}, ("reference", "no Triton")),
+        (True, False, "mps", {}, ("reference", "cannot drive mps")),
+        (True, False, "cpu", {}, ("reference", "TRITON_INTERPRET=1 would")),
+        (
+            True,
+            False,
+            "cuda",
+            {"SPEC_FUSED_FORCE_REFERENCE": "1"},
+            ("reference", "SPEC_FUSED_FORCE_REFERENCE=1"),
+        ),
+    ],
+)
 def test_backend_reason(monkeypatch, kernel, interpreted, device, env, expected):
     import torch
 
@@ -281,10 +326,14 @@ def test_doctor_prints_each_rows_costs_beside_upstreams():
     table has them (literals read from SGLang 0.5.16+'s backends)."""
     text = _run("doctor").stdout
     rows = [" ".join(line.split()) for line in text.splitlines()]
-    assert ("flashinfer DFLASH read 3 / 8·pool / 1 / yes 1 / 8·(bs+2) / 1 / yes "
-            "helps: no pool-sized copy") in rows, text[-3000:]
-    assert ("fa3 DFLASH opted out 2 / 0 / 0 / yes 1 / 0 / 0 / yes nothing that matters "
-            "(upstream is GPU-only here)") in rows
+    assert (
+        "flashinfer DFLASH read 3 / 8·pool / 1 / yes 1 / 8·(bs+2) / 1 / yes "
+        "helps: no pool-sized copy"
+    ) in rows, text[-3000:]
+    assert (
+        "fa3 DFLASH opted out 2 / 0 / 0 / yes 1 / 0 / 0 / yes nothing that matters "
+        "(upstream is GPU-only here)"
+    ) in rows
     assert "(device ops / D2H bytes / host syncs / WAR barrier)" in rows
     assert "note (fa3, NGRAM): NGRAM forces host lengths on every backend" in rows
 
@@ -297,8 +346,9 @@ def test_a_device_the_relay_does_not_engage_on_gets_a_row_saying_why(monkeypatch
     kind = "xpu"
     monkeypatch.setattr(torch.xpu, "is_available", lambda: True)
     rows = doctor.backends()
-    assert rows[kind]["relay"] == (f"SGLang's own path: {kind}: spec_fused's ordering was "
-                                   f"only ever run on NVIDIA CUDA and CPU")
+    assert rows[kind]["relay"] == (
+        f"SGLang's own path: {kind}: spec_fused's ordering was only ever run on NVIDIA CUDA and CPU"
+    )
     assert rows[kind]["backend"] == "reference"
     assert rows["cpu"]["relay"] == "fused relay"
 
@@ -310,6 +360,7 @@ def test_a_rocm_gpu_gets_a_row_saying_sglangs_path_runs_there(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     row = doctor.backends()["cuda:0"]
-    assert row["relay"].startswith("SGLang's own path: ROCm (HIP): upstream takes HIP-only "
-                                   "branches"), row
+    assert row["relay"].startswith(
+        "SGLang's own path: ROCm (HIP): upstream takes HIP-only branches"
+    ), row
     assert row["canary"] is None  # nothing proven, nothing claimed

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spec_fused.tools import impact
 from spec_fused.integration import sglang_patch
+from spec_fused.tools import impact
 from spec_fused.upstream import module_source
 
 VERSION = sglang_patch._sglang_version()
@@ -60,8 +60,10 @@ def test_the_backend_facts_are_this_releases(backend):
     if dflash_only:
         assert "is_dflash()" in assigned, assigned
     elif opts_out:
-        assert "needs_cpu_seq_lens: bool = False" in assigned or \
-            "self.needs_cpu_seq_lens = False" in assigned, assigned
+        assert (
+            "needs_cpu_seq_lens: bool = False" in assigned
+            or "self.needs_cpu_seq_lens = False" in assigned
+        ), assigned
     else:
         assert "False" not in assigned and "is_dflash" not in assigned, assigned
     kv_shard = "_kv_shard_pool is not None" in assigned
@@ -87,15 +89,18 @@ def test_upstreams_step_costs_are_what_the_columns_claim():
     src = module_source("sglang.srt.managers.overlap_utils")
     tree = ast.parse(src)
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FutureMap")
-    methods = {n.name: ast.unparse(n) for n in cls.body  # code only, no comments
-               if isinstance(n, ast.FunctionDef)}
+    methods = {
+        n.name: ast.unparse(n)
+        for n in cls.body  # code only, no comments
+        if isinstance(n, ast.FunctionDef)
+    }
     publish, resolve = methods["publish"], methods["resolve_seq_lens_cpu"]
     assert "self.new_seq_lens_buf[indices] = new_seq_lens.to(" in publish
     assert "batch.seq_lens = self.new_seq_lens_buf[fi]" in resolve
     assert "self.new_seq_lens_cpu_pinned.copy_(self.new_seq_lens_buf" in resolve  # 8·pool
     assert "self.fwd_prepare_d2h_stream.synchronize()" in resolve  # the host sync
-    gpu_only_branch = resolve[resolve.index("if not self.needs_cpu_seq_lens"):]
-    gpu_only_branch = gpu_only_branch[:gpu_only_branch.index("return")]
+    gpu_only_branch = resolve[resolve.index("if not self.needs_cpu_seq_lens") :]
+    gpu_only_branch = gpu_only_branch[: gpu_only_branch.index("return")]
     assert ".cpu()" not in gpu_only_branch and "synchronize" not in gpu_only_branch
 
 
@@ -106,5 +111,6 @@ def test_every_row_says_where_it_helps_from_the_host_lengths(algorithm):
         assert row.verdict == (impact.HELPS if row.needs_host_lengths else impact.NOTHING)
         assert row.upstream["host_syncs"] == (1 if row.needs_host_lengths else 0)
         assert row.spec_fused["device_ops"] == 1 and row.spec_fused["barrier"]
-    assert impact.configuration(VERSION, "triton", "EAGLE", two_batch_overlap=True
-                                ).needs_host_lengths
+    assert impact.configuration(
+        VERSION, "triton", "EAGLE", two_batch_overlap=True
+    ).needs_host_lengths

@@ -50,8 +50,10 @@ def prose_words(text: str) -> list:
 
 
 def test_prose_words_skips_tables_code_and_comments():
-    text = ("# Title here\n\none two `three`\n\n| a | b |\n|---|---|\n| c | d |\n\n"
-            "```bash\npip install x\n```\n<!-- a\ncomment -->\n- four -- five\n")
+    text = (
+        "# Title here\n\none two `three`\n\n| a | b |\n|---|---|\n| c | d |\n\n"
+        "```bash\npip install x\n```\n<!-- a\ncomment -->\n- four -- five\n"
+    )
     assert prose_words(text) == ["Title", "here", "one", "two", "`three`", "four", "five"]
 
 
@@ -60,14 +62,13 @@ def test_the_readme_is_a_short_front_door_with_pip_install_early():
     assert len(words) <= MAX_PROSE_WORDS, f"README prose is {len(words)} words"
     joined = " ".join(words)
     assert "pip install" in joined, "README prose never says pip install"
-    position = len(joined[:joined.index("pip install")].split())
+    position = len(joined[: joined.index("pip install")].split())
     assert position <= PIP_INSTALL_WITHIN, f"`pip install` first at prose word {position}"
 
 
 def test_the_readmes_sections_come_in_the_front_doors_order():
     headings = [h.strip() for h in re.findall(r"^## (.+)$", README.read_text(), flags=re.M)]
-    found = [next((i for i, h in enumerate(headings) if h.startswith(s)), None)
-             for s in SECTIONS]
+    found = [next((i for i, h in enumerate(headings) if h.startswith(s)), None) for s in SECTIONS]
     assert None not in found, dict(zip(SECTIONS, found, strict=True))
     assert found == sorted(found), headings
 
@@ -113,15 +114,17 @@ def test_each_impact_row_says_what_its_costs_mean():
         if row["host lengths"] == "read":
             assert row["device ops"] == "3 → 1", line
             assert row["D2H bytes"] == "8·pool → 8·(bs+2)", line
-            assert row["spec_fused saves per step"].startswith("**helps**: 2 device ops and "
-                                                               "the 8·pool-byte D2H copy"), line
+            assert row["spec_fused saves per step"].startswith(
+                "**helps**: 2 device ops and the 8·pool-byte D2H copy"
+            ), line
             assert row["spec_fused saves per step"].endswith("the host still waits"), line
         else:
             assert row["host lengths"] == "opted out", line
             assert (row["device ops"], row["D2H bytes"]) == ("2 → 1", "0 → 0"), line
             assert row["host waits for"] == "nothing → nothing", line
-            assert row["spec_fused saves per step"] == ("**nothing that matters**: 1 device "
-                                                        "op; no host wait either way"), line
+            assert row["spec_fused saves per step"] == (
+                "**nothing that matters**: 1 device op; no host wait either way"
+            ), line
     assert {row.split("|")[4].strip() for row in rows} == {"read", "opted out"}
     assert "Both keep SGLang's WAR barrier on every row." in table
 
