@@ -3,8 +3,9 @@
 #   ./run.sh bench [args]   set up, then `spec-fused selftest` and the benchmarks (quick sweep
 #                           on a CPU machine); results in bench/results/<device>/, and on
 #                           CPU the README's results tables re-rendered from them
-#   ./run.sh test [--fast]  set up, then run the tests: the light tier (kernels under the
-#                           Triton interpreter, the real SGLang 0.5.23 FutureMap) and, unless
+#   ./run.sh test [--fast]  set up, then ruff and mypy (a fast gate), then the tests: the
+#                           light tier (kernels under the Triton interpreter, the real
+#                           SGLang 0.5.23 FutureMap) and, unless
 #                           --fast, the compat tier: every supported SGLang release
 #                           (spec_fused/releases.py), its FutureMap and its real Scheduler.
 set -euo pipefail
@@ -35,6 +36,8 @@ case "$cmd" in
     if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
     bash scripts/setup.sh
     has_cuda || export TRITON_INTERPRET=1
+    echo "== lint and types (ruff, mypy on the core)"
+    .venv/bin/ruff check --quiet . && .venv/bin/ruff format --check --quiet . && .venv/bin/mypy
     if [ "$fast" = 1 ]; then
       export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-fast}"
       exec .venv/bin/python -m pytest -q -m "not scheduler and not gpu" --ignore=tests/test_scheduler_tier.py tests "$@"

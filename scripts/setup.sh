@@ -38,7 +38,7 @@ if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
   fi
 fi
 echo "setup: installing spec_fused and its test/bench extras" >&2
-"${PIP[@]}" install -e ".[test,bench,sglang-light]"
+"${PIP[@]}" install -e ".[test,bench,sglang-light,lint]"
 echo "setup: installing sglang==$SGLANG_VERSION --no-deps" >&2
 "${PIP[@]}" install --no-deps "sglang==$SGLANG_VERSION"
 echo "$want" > "$stamp"
