@@ -424,8 +424,8 @@ PLANTED = {
         '    if caps.host_source == "table" and caps.barrier_source == "table" \\\n'
         '            and not caps.needs_war_barrier \\\n', 1),
 }
-FAST_TIER = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not scheduler and not gpu",
-             "--ignore=tests/test_scheduler_tier.py", "tests"]
+FAST_TIER = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not scheduler and not gpu and not e2e",
+             "--ignore=tests/test_scheduler_tier.py", "--ignore=tests/e2e", "tests"]
 
 
 def plant(names: list[str]) -> None:

@@ -21,6 +21,7 @@ BASE = {
     "rope_theta": 10000.0,
     "tie_word_embeddings": False,
     "torch_dtype": "float32",
+    "dtype": "float32",
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
@@ -30,8 +31,8 @@ MODELS = {
     "target": ("LlamaForCausalLM", 4, {}),
     "standalone": ("LlamaForCausalLM", 1, {}),
     "eagle": ("LlamaForCausalLMEagle", 1, {}),
-    "eagle3": ("LlamaForCausalLMEagle3", 1, {"draft_vocab_size": VOCAB,
-                                              "target_hidden_size": 64}),
+    "eagle3": ("LlamaForCausalLMEagle3", 1, {"draft_vocab_size": VOCAB, "eagle_config": {
+        "eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}),
     "dflash": ("DFlashDraftModel", 1, {"num_target_layers": 4, "dflash_config": {
         "block_size": 4, "target_layer_ids": [1, 2], "mask_token_id": VOCAB - 1}}),
 }

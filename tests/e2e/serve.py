@@ -50,8 +50,28 @@ def _read_counts(folder: str) -> dict:
     return merged
 
 
+ARM_TIMEOUT_S = float(os.environ.get("SPEC_FUSED_E2E_ARM_TIMEOUT", "300"))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_arm(name: str, arm: str, models: dict) -> dict:
+    import threading
+
     import sglang
+
+    # A scheduler that dies can leave the engine waiting forever: give up, loudly.
+    watchdog = threading.Timer(ARM_TIMEOUT_S, lambda: (
+        print(f"e2e: {name} {arm}: no answer in {ARM_TIMEOUT_S:.0f} s", file=sys.stderr,
+              flush=True), os._exit(124)))
+    watchdog.daemon = True
+    watchdog.start()
 
     cfg = configs.CONFIGS[name]
     counts_dir = tempfile.mkdtemp(prefix="spec_fused_e2e_counts_")
@@ -61,16 +81,19 @@ def run_arm(name: str, arm: str, models: dict) -> dict:
         else:
             os.environ.pop(key, None)
     os.environ["SPEC_FUSED_E2E_HOST_LENGTHS"] = "1" if cfg.host_lengths else ""
+    os.environ["SGLANG_DISABLED_MODEL_ARCHS"] = configs.unused_model_modules()
     t0 = time.perf_counter()
-    engine = sglang.Engine(**configs.engine_kwargs(cfg, models))
+    # a port of our own: parallel engines must not race for the same free one
+    engine = sglang.Engine(**configs.engine_kwargs(cfg, models), nccl_port=_free_port())
     t1 = time.perf_counter()
     try:
-        prompts, params = configs.requests()
+        prompts, params = configs.requests(cfg.max_new)
         outs = engine.generate(input_ids=prompts, sampling_params=params)
         t2 = time.perf_counter()
     finally:
         engine.shutdown()
     t3 = time.perf_counter()
+    watchdog.cancel()
     result = {
         "config": name, "arm": arm,
         "output_ids": [o["output_ids"] for o in outs],

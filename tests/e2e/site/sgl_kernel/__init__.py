@@ -102,13 +102,67 @@ def verify_tree_greedy_cpu(predicts, accept_index, accept_token_num, candidates,
         flat_predicts[last] = target[last]
 
 
+def build_tree_kernel_efficient_cpu(parent_list, selected_index, verified_seq_len, tree_mask,
+                                    positions, retrive_index, retrive_next_token,
+                                    retrive_next_sibling, topk, depth, draft_token_num,
+                                    tree_mask_mode):
+    """EAGLE's verify tree (mask, positions, retrieve links): sgl-kernel's build_tree_efficient,
+    the same walk in Python."""
+    n = draft_token_num
+    parents, selected = parent_list.tolist(), selected_index.tolist()
+    seq_lens = verified_seq_len.tolist()
+    mask = tree_mask.view(-1)
+    r_index, r_next = retrive_index.view(-1), retrive_next_token.view(-1)
+    r_sib = retrive_next_sibling.view(-1)
+    full_mask_start = 0
+    for b, seq_len in enumerate(seq_lens):
+        sel, par = selected[b], parents[b]
+        if tree_mask_mode == 0:  # FULL_MASK: rows of seq_len + n
+            row_len, base = seq_len + n, full_mask_start + seq_len
+            full_mask_start += n * (seq_len + n)
+        else:  # QLEN_ONLY: rows of n
+            row_len, base = n, n * n * b
+        for tid in range(n):
+            at = base + row_len * tid + 1
+            mask[at - 1] = True
+            mask[at:at + n - 1] = False
+            if tid == 0:
+                continue
+            cur, position = tid - 1, 0
+            while True:
+                position += 1
+                mask[at + cur] = True
+                parent_tb = sel[cur] // topk
+                if parent_tb == 0:
+                    break
+                token = par[parent_tb]
+                cur = next((c for c in range(n) if c < len(sel) and sel[c] == token), n)
+            positions[b * n + tid] = position + seq_len
+        positions[b * n] = seq_len
+        for i in range(n - 1, 0, -1):
+            r_index[b * n + i] = b * n + i
+            parent_tb = sel[i - 1] // topk
+            parent_pos = 0
+            if parent_tb > 0:
+                token = par[parent_tb]
+                parent_pos = next((c + 1 for c in range(n - 1) if sel[c] == token), n)
+            if parent_pos == n:
+                continue
+            first = int(r_next[b * n + parent_pos])
+            r_next[b * n + parent_pos] = i
+            if first != -1:
+                r_sib[b * n + i] = first
+        r_index[b * n] = b * n
+
+
 STANDINS = {f.__name__: f for f in (reconstruct_indices_from_tree_mask,
                                     copy_all_layer_kv_cache_cpu,
                                     assign_req_to_token_pool_cpu,
                                     assign_extend_cache_locs_cpu,
                                     assign_draft_cache_locs_contiguous_cpu,
                                     fill_accept_out_cache_loc_cpu,
-                                    fill_bonus_tokens_cpu, verify_tree_greedy_cpu)}
+                                    fill_bonus_tokens_cpu, verify_tree_greedy_cpu,
+                                    build_tree_kernel_efficient_cpu)}
 
 
 def _lookup(name):

@@ -98,6 +98,22 @@ def deterministic_dummy_weights():
     loader.initialize_dummy_weights = init
 
 
+@_standin
+def record_stream_on_cpu():
+    """DFLASH calls Tensor.record_stream on the current stream, which raises for a CPU
+    stream: a CPU tensor has no allocator stream to record, so it is a no-op there."""
+    import torch
+
+    original = torch.Tensor.record_stream
+
+    def record_stream(self, stream):
+        if self.device.type == "cpu":
+            return None
+        return original(self, stream)
+
+    torch.Tensor.record_stream = record_stream
+
+
 def _attend(q, k, v, mask, sm_scale, k_scale, v_scale):
     """q (M, H, D) over k, v (N, Hk, D) with a (M, N) bool mask, GQA by head groups."""
     import torch
