@@ -45,7 +45,9 @@ def serve(name: str, arms: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(HERE / "site")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                 if p]),
-        SGLANG_USE_CPU_ENGINE="1", TRITON_INTERPRET="1")
+        SGLANG_USE_CPU_ENGINE="1", TRITON_INTERPRET="1",
+        # one torch thread per process: tiny ops, and JOBS engines share the cores
+        OMP_NUM_THREADS=os.environ.get("SPEC_FUSED_E2E_THREADS", "1"))
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, str(HERE / "serve.py"), str(out),
                            f"{name}:{','.join(arms)}"], env=env, capture_output=True,
