@@ -253,6 +253,15 @@ def main(argv=None) -> dict:
     concurrency = args.concurrency or ([1, 16, 256] if args.quick else [1, 8, 64, 256])
     rounds = args.rounds or (2 if args.quick else 4)
     python = _python(args)
+    probe = subprocess.run([python, "-c", "import sglang.srt.entrypoints.engine"],
+                           capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(E2E / "site")) if on_cpu
+                           else None)
+    if probe.returncode != 0:  # e.g. a GPU box with only .venv's light SGLang
+        print(f"ab_engine: skipped: {python} cannot import SGLang's engine "
+              f"({probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else '?'}); "
+              f"on CPU run scripts/setup_e2e_tier.sh, on a GPU install sglang with its deps")
+        return {}
     t0 = time.perf_counter()
     runs = []
     for name in configs_:
