@@ -41,6 +41,7 @@ def serve(name: str, arms: list[str]) -> dict:
     """Run ``arms`` of configuration ``name`` in one serve.py process; arm -> result."""
     out = Path(os.environ.get("SPEC_FUSED_E2E_OUT", "/tmp")) / \
         f"spec_fused_e2e-{name}-{'_'.join(a.replace(':', '') for a in arms)}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(HERE / "site")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
