@@ -80,20 +80,31 @@ def dflash_on_cpu():
 @_standin
 def deterministic_dummy_weights():
     """SGLang's dummy weights, U(+-1e-3) from one seed for every tensor of a shape, collapse
-    every output into a 2-token cycle: seed per parameter name, scale up."""
+    every output into a 2-token cycle: seed per parameter name, scale up. An EAGLE draft
+    passes the target's hidden state through (so it proposes the target's last token and
+    is accepted wherever the target repeats itself): acceptance varies per request."""
     import torch
     from sglang.srt.model_loader import loader
 
     def init(model, low=None, high=None, seed=1234):
-        for name, param in model.state_dict().items():
+        params = model.state_dict()
+        for name, param in params.items():
             if not torch.is_floating_point(param):
                 continue
             gen = torch.Generator(device="cpu").manual_seed(seed ^ zlib.crc32(name.encode()))
-            if name.endswith(("norm.weight", "layernorm.weight")):
-                values = 1.0 + 0.1 * torch.rand(param.shape, generator=gen)
+            if name.endswith("norm.weight"):
+                values = torch.ones(param.shape)  # a norm then never changes an argmax
             else:
                 values = (torch.rand(param.shape, generator=gen) * 2 - 1) * DUMMY_SCALE
             param.data.copy_(values.to(param.dtype))
+        if type(model).__name__ == "LlamaForCausalLMEagle":
+            for name, param in params.items():
+                if name.endswith(("o_proj.weight", "down_proj.weight", "fc.bias")):
+                    param.data.zero_()
+                elif name.endswith("fc.weight"):  # fc(cat(embeds, hidden)) = hidden
+                    h = param.shape[0]
+                    param.data.zero_()
+                    param.data[:, h:] = torch.eye(h, dtype=param.dtype)
 
     loader.initialize_dummy_weights = init
 
