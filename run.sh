@@ -7,7 +7,9 @@
 #                           light tier (kernels under the Triton interpreter, the real
 #                           SGLang 0.5.23 FutureMap) and, unless
 #                           --fast, the compat tier: every supported SGLang release
-#                           (spec_fused/releases.py), its FutureMap and its real Scheduler.
+#                           (spec_fused/releases.py), its FutureMap and its real Scheduler;
+#                           then the e2e tier: the real sglang.Engine on CPU, plugin vs not.
+#   ./run.sh test --e2e     set up, then the e2e tier alone (tests/e2e, .venv-sched)
 set -euo pipefail
 cd "$(dirname "$0")"
 cmd="${1:-}"; shift || true
@@ -25,6 +27,7 @@ case "$cmd" in
     fi
     export TRITON_INTERPRET=1
     [ "$#" -gt 0 ] || set -- --quick
+    bash scripts/setup_e2e_tier.sh  # bench/ab_engine.py serves through the real engine there
     # correct here, and how fast here (CPU: the interpreter's times, said to be so)
     .venv/bin/python -m spec_fused selftest --quick --json bench/results/cpu/selftest.json
     .venv/bin/python -m bench.run_all "$@"
@@ -34,23 +37,32 @@ case "$cmd" in
   test)
     fast=0
     if [ "${1:-}" = "--fast" ]; then fast=1; shift; fi
+    if [ "${1:-}" = "--e2e" ]; then
+      shift
+      echo "== e2e tier: the real sglang.Engine on CPU, SGLang 0.5.23 (.venv-sched)"
+      bash scripts/setup_e2e_tier.sh
+      exec .venv-sched/bin/python -m pytest -q -s -m e2e -p no:cacheprovider tests/e2e "$@"
+    fi
     bash scripts/setup.sh
     has_cuda || export TRITON_INTERPRET=1
     echo "== lint and types (ruff, mypy on the core)"
     .venv/bin/ruff check --quiet . && .venv/bin/ruff format --check --quiet . && .venv/bin/mypy
     if [ "$fast" = 1 ]; then
       export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-fast}"
-      exec .venv/bin/python -m pytest -q -m "not scheduler and not gpu" --ignore=tests/test_scheduler_tier.py tests "$@"
+      exec .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e tests "$@"
     fi
     export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-full}"
     echo "== light tier (.venv, SGLang 0.5.23)"
-    .venv/bin/python -m pytest -q -m "not scheduler and not gpu" --ignore=tests/test_scheduler_tier.py tests "$@"
+    .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e tests "$@"
     echo "== compat tier: every supported SGLang release, light + scheduler (.venv, .venv-sched)"
     bash scripts/setup_scheduler_tier.sh
     SPEC_FUSED_HYPOTHESIS_PROFILE=compat .venv/bin/python scripts/compat_tier.py
+    echo "== e2e tier: the real sglang.Engine on CPU, SGLang 0.5.23 (.venv-sched)"
+    bash scripts/setup_e2e_tier.sh
+    .venv-sched/bin/python -m pytest -q -s -m e2e -p no:cacheprovider tests/e2e
     ;;
   *)
-    echo "usage: ./run.sh bench [--quick|--full ...] | ./run.sh test [--fast]" >&2
+    echo "usage: ./run.sh bench [--quick|--full ...] | ./run.sh test [--fast|--e2e]" >&2
     exit 2
     ;;
 esac

@@ -119,6 +119,31 @@ def ab_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def engine_table(path: Path) -> str:
+    """The A/B on the real engine (``bench/ab_engine.py``)."""
+    data = json.loads(path.read_text())
+    cfg = data["config"]
+    lines = [
+        f"ab_engine, device `{data['device']}`: {cfg['note']}; {cfg['rounds']} rounds, "
+        f"{cfg['max_new_tokens']} tokens per request, median over rounds",
+        "",
+        "| configuration | concurrency | A tok/s | B tok/s | B/A (rounds' band) | B vs A | "
+        "A / B ms per step | WAR barrier A / B | host lengths A / B | relay steps B |",
+        "|---|---:|---:|---:|---|---|---|---|---|---|",
+    ]
+    onoff = {True: "on", False: "off", None: "-"}
+    for s in data["summary"]:
+        lines.append(
+            f"| {s['config']} | {s['concurrency']} | {_fmt(s['A_tok_s'])} | "
+            f"{_fmt(s['B_tok_s'])} | {s['B_over_A']:.3f} ({s['B_over_A_min']:.3f}–"
+            f"{s['B_over_A_max']:.3f}) | {_NOISE.get(s['B_vs_A_within_noise'], '-')} | "
+            f"{_fmt(s['A_step_ms'])} / {_fmt(s['B_step_ms'])} | {onoff[s['A_barrier']]} / "
+            f"{onoff[s['B_barrier']]} | {s['A_host_lengths']} / {s['B_host_lengths']} | "
+            f"{s['B_relay_steps']} |"
+        )
+    return "\n".join(lines)
+
+
 def versions_line(path: Path) -> str:
     v = json.loads(path.read_text())["versions"]
     keys = ("sglang", "torch", "triton", "cuda", "driver", "gpu", "kernel_backend")
@@ -134,6 +159,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     ks, ab = args.results_dir / "kernel_sweep.json", args.results_dir / "ab_throughput.json"
     host = args.results_dir / "host_overhead.json"
+    engine = args.results_dir / "ab_engine.json"
+    if engine.exists():
+        print(engine_table(engine), "\n")
     if ks.exists():
         print(f"_{versions_line(ks)}_\n")
         print(kernel_table(ks, args.pool), "\n")
