@@ -516,9 +516,9 @@ PLANTED = {
     # still the table's
     "barrier_skipped_unless_host_from_table": (
         "spec_fused/caps.py",
-        '    if caps.barrier_source == "table" and not caps.needs_war_barrier \\\n',
-        '    if caps.host_source == "table" and caps.barrier_source == "table" \\\n'
-        "            and not caps.needs_war_barrier \\\n",
+        '        caps.barrier_source == "table"\n        and not caps.needs_war_barrier\n',
+        '        caps.host_source == "table"\n        and caps.barrier_source == "table"\n'
+        "        and not caps.needs_war_barrier\n",
         1,
     ),
 }
