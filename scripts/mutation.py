@@ -37,7 +37,7 @@ that breaks the import, a segfault) kills the mutant: the same tests pass unmuta
     .venv/bin/python scripts/mutation.py run relay --ids 12 40      # re-run some
     .venv/bin/python scripts/mutation.py run relay --survivors --confirm  # re-run survivors
     .venv/bin/python scripts/mutation.py show relay 12               # the mutant's diff
-    .venv/bin/python scripts/mutation.py report [--equivalent tests/mutation_equivalent.txt]
+    .venv/bin/python scripts/mutation.py report [--equivalent scripts/mutation_equivalent.txt]
 
 Results go to ``.mutation/`` (ignored by git); the scratch copy is
 ``$TMPDIR/spec_fused_mutation``.
@@ -64,44 +64,38 @@ RESULTS = ROOT / ".mutation"
 WORK = Path(os.environ.get("TMPDIR", "/tmp")) / "spec_fused_mutation"
 
 _KERNEL_TESTS = [
-    "tests/test_host_mirror.py",
-    "tests/test_direct_launch.py",
-    "tests/test_fuzz.py",
-    "tests/test_kernel_errors.py",
-    "tests/test_canary.py",
+    "tests/relay/test_host_lengths.py",
+    "tests/kernels/test_direct_launch.py",
+    "tests/integration/test_fuzz.py",
+    "tests/kernels/test_kernel_errors.py",
+    "tests/kernels/test_canary.py",
+    "tests/kernels/test_host_ring.py",
+    "tests/kernels/test_step_launcher.py",
 ]
 # module -> (file, its fast-tier test subset)
 MODULES = {
-    "caps": (
-        "spec_fused/caps.py",
-        ["tests/test_caps.py", "tests/test_barrier_decision.py", "tests/test_mutants_caps.py"],
-    ),
+    "caps": ("spec_fused/caps.py", ["tests/caps"]),
     "relay": (
         "spec_fused/relay.py",
         [
-            "tests/test_stream_order.py",
-            "tests/test_upstream_contracts.py",
-            "tests/test_hot_path.py",
-            "tests/test_fallbacks.py",
-            "tests/test_host_mirror.py",
-            "tests/test_trace_equivalence.py",
-            "tests/test_code_check.py",
-            "tests/test_mutants_relay.py",
+            "tests/relay",
+            "tests/integration/test_upstream_contracts.py",
+            "tests/integration/test_trace_equivalence.py",
+            "tests/integration/test_code_check.py",
         ],
     ),
     # CudaOps and the device rule lived in relay.py during the recorded run (bffb675)
     "cuda_ops": (
         "spec_fused/cuda_ops.py",
-        ["tests/test_stream_order.py", "tests/test_fallbacks.py", "tests/test_mutants_relay.py"],
+        [
+            "tests/relay/test_stream_order.py",
+            "tests/relay/test_fallbacks.py",
+            "tests/relay/test_cuda_ops.py",
+            "tests/relay/test_engagement.py",
+        ],
     ),
-    "host_ring": (
-        "spec_fused/kernels/host_ring.py",
-        _KERNEL_TESTS + ["tests/test_mutants_host_ring.py"],
-    ),
-    "step_launcher": (
-        "spec_fused/kernels/step_launcher.py",
-        _KERNEL_TESTS + ["tests/test_mutants_step_launcher.py"],
-    ),
+    "host_ring": ("spec_fused/kernels/host_ring.py", _KERNEL_TESTS),
+    "step_launcher": ("spec_fused/kernels/step_launcher.py", _KERNEL_TESTS),
 }
 PYTEST_ARGS = [
     "-q",
@@ -653,7 +647,9 @@ def main(argv=None) -> None:
     pl = sub.add_parser("plant", help="planted faults the fast tier must fail on")
     pl.add_argument("names", nargs="*", default=list(PLANTED))
     rep = sub.add_parser("report")
-    rep.add_argument("--equivalent", type=Path, default=ROOT / "tests" / "mutation_equivalent.txt")
+    rep.add_argument(
+        "--equivalent", type=Path, default=ROOT / "scripts" / "mutation_equivalent.txt"
+    )
     rep.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if a.cmd == "list":
