@@ -129,6 +129,8 @@ COLUMNS = {
             "test_fallbacks",
             "test_engagement",
             "test_cuda_ops",
+            "test_sticky_faults",
+            "test_confidential_computing",
         ),
         None,
     ),
