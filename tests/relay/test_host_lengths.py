@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from support.fake_cuda import EXACT, direct_relay
+from support.fake_cuda import EXACT, direct_relay, messages
 
 from spec_fused import log
 from spec_fused import relay as relay_mod
@@ -279,3 +279,19 @@ def test_debug_mode_checks_the_host_indices_against_future_indices():
         AssertionError, match="^batch.req_pool_indices_cpu differs from future_indices$"
     ):
         relay.resolve(fm, batch)
+
+
+def test_each_reason_to_hand_a_step_back_is_logged_once(caplog):
+    relay, fm, ops = direct_relay(EXACT)
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        for _ in range(2):
+            with ops.on(ops.forward):
+                relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
+            batch = decode_batch([1, 2], CFG)
+            batch.req_pool_indices_cpu = None
+            with pytest.raises(relay_mod.HandToSGLang):
+                relay.resolve(fm, batch)
+    assert [m for m in messages(caplog) if "SGLang's own resolve" in m] == [
+        "spec_fused: exact host lengths with the batch has no host indices matching "
+        "future_indices: SGLang's own resolve runs such steps"
+    ]
