@@ -413,3 +413,16 @@ def test_a_launcher_on_the_host_yields_the_sum_without_a_mirror(backend):
         assert out.tolist() == [6, 100, 27] and int(pg.out_sum) == 133
     pg.launch(torch.tensor([], dtype=torch.int64), None, None, True)
     assert int(pg.out_sum) == 0 and pg.ring is None
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "reference"])
+def test_a_rebound_launcher_keeps_its_backend_and_launches_into_the_new_buffer(backend):
+    """FutureMap may swap its buffer (``_adopt_relay``): the same launcher, the same backend,
+    every later step into the new buffer."""
+    old, new = torch.zeros(16, dtype=torch.int64), torch.arange(16, dtype=torch.int64) * 10
+    pg = StepLauncher(old, backend=backend)
+    pg.launch_checked(torch.tensor([1]), torch.tensor([2]), torch.tensor([5]), False)
+    pg.rebind(new)
+    assert pg.backend == backend and pg.buf is new
+    out = pg.launch(torch.tensor([2, 3]), torch.tensor([3]), torch.tensor([7]), False)
+    assert out.tolist() == [20, 7] and new[3] == 7 and old[3] == 0
