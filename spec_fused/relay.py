@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import torch
 
@@ -337,7 +337,7 @@ class FusedRelay:
         if exact and self.on_cuda:
             gather = self._host_indices(batch, fi) if self.pinned_ok else None
             if gather is None or event is None:
-                self._hand_back(fm, batch, gather, event)
+                self._hand_back(event)
             if self.debug:
                 self._consume_once(fm, event)
             return self._resolve_exact_cuda(fm, batch, gather, event)
@@ -371,7 +371,7 @@ class FusedRelay:
             assert fm._publish_fresh, "resolve without a fresh forward publish"
             fm._publish_fresh = False
 
-    def _hand_back(self, fm, batch, gather, event) -> None:
+    def _hand_back(self, event) -> NoReturn:
         """An exact step the private stream cannot gate on ``publish_ready`` alone is
         SGLang's: with no pinned host indices (the device ones were staged on the
         schedule stream, which sits behind the WAR barrier - for EAGLE, the whole
