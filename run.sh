@@ -43,6 +43,8 @@ case "$cmd" in
       bash scripts/setup_e2e_tier.sh
       exec .venv-sched/bin/python -m pytest -q -s -m e2e -p no:cacheprovider tests/e2e "$@"
     fi
+    # what the venvs and release overlays need, printed first so a full disk reads as one
+    echo "== disk: $(df -Ph . | awk 'NR==2 {print $4}') free; .venv, .venv-sched and .compat take about 6.5G"
     bash scripts/setup.sh
     has_cuda || export TRITON_INTERPRET=1
     echo "== lint and types (ruff, mypy on the core)"

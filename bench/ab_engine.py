@@ -102,12 +102,19 @@ def _steps(counts_dir: str) -> tuple[int, dict]:
 MARK = "AB_ENGINE "  # the worker's protocol lines on stdout; anything else is ignored
 
 
+def _e2e_configs():
+    """The e2e tier's configurations and CPU stand-in paths (tests/e2e/configs.py)."""
+    if str(E2E) not in sys.path:
+        sys.path.insert(0, str(E2E))
+    import configs  # noqa: E402  (tests/e2e)
+
+    return configs
+
+
 def worker(name: str, arm: str, max_conc: int, max_new: int) -> None:
     """One engine for one arm, kept alive: reads ``N`` (serve N requests at once, answer
     with the timing) or ``quit`` (answer with the scheduler's counts) from stdin."""
-    sys.path.insert(0, str(E2E))
-    import configs  # noqa: E402  (tests/e2e)
-
+    configs = _e2e_configs()
     cfg = configs.CONFIGS[name]
     counts_dir = tempfile.mkdtemp(prefix="spec_fused_ab_engine_")
     os.environ.update(
@@ -196,10 +203,7 @@ class Worker:
         env = dict(os.environ)
         if on_cpu:  # the e2e tier's CPU stand-ins (sgl_kernel, overlap on CPU, ...)
             env.update(
-                PYTHONPATH=os.pathsep.join(
-                    [str(E2E / "site"), str(ROOT)]
-                    + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-                ),
+                PYTHONPATH=_e2e_configs().pythonpath(ROOT),
                 SGLANG_USE_CPU_ENGINE="1",
                 TRITON_INTERPRET="1",
                 # SGLang needs the interpreter for one kernel here; the relay runs what a
@@ -348,7 +352,7 @@ def main(argv=None) -> dict:
         [python, "-c", "import sglang.srt.entrypoints.engine"],
         capture_output=True,
         text=True,
-        env=dict(os.environ, PYTHONPATH=str(E2E / "site")) if on_cpu else None,
+        env=dict(os.environ, PYTHONPATH=_e2e_configs().pythonpath()) if on_cpu else None,
     )
     if probe.returncode != 0:  # e.g. a GPU box with only .venv's light SGLang
         print(

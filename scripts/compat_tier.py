@@ -56,7 +56,7 @@ from spec_fused.integration import code_check  # noqa: E402
 from spec_fused.releases import TESTED_RELEASES, parse, support_status  # noqa: E402
 
 COMPAT_DIR = ROOT / ".compat"
-STUBS = ROOT / "tests" / "compat" / "stubs"
+STANDINS = ROOT / "tests" / "standins"  # torchvision: see its docstring
 RESULTS = ROOT / "tests" / "compat" / "results.json"
 TESTED_CODE = ROOT / "spec_fused" / "integration" / "tested_code.py"
 LIGHT_PY = ROOT / ".venv" / "bin" / "python"
@@ -329,7 +329,7 @@ def test_release(release: str, work: Path) -> dict:
     run_pytest(
         LIGHT_PY,
         LIGHT_TESTS[:1] if below else LIGHT_TESTS,
-        [sglang_dir, STUBS, ROOT],
+        [sglang_dir, STANDINS, ROOT],
         light_junit,
         ("-m", "not scheduler and not gpu"),
     )
@@ -344,7 +344,7 @@ def test_release(release: str, work: Path) -> dict:
         run_pytest(
             HEAVY_PY,
             HEAVY_TESTS,
-            [p for p in (sglang_dir, pins, ROOT) if p],
+            [p for p in (sglang_dir, pins, STANDINS, ROOT) if p],
             heavy_junit,
             ("-m", "scheduler"),
         )

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Set up .venv: the package, its test/bench extras and the light SGLang tier.
 #
-# torch is installed only when none is importable: a user's GPU torch is kept (the venv
-# sees it through --system-site-packages), and on a CPU-only machine torch==2.13.0+cpu is
-# installed (a local wheel, or PyTorch's CPU index) instead of a multi-GB CUDA build. SGLang is installed with
-# --no-deps plus the handful of small packages that make overlap_utils import on a CPU.
+# torch is installed only when none is importable (scripts/install_torch.sh): a user's GPU
+# torch is kept (the venv sees it through --system-site-packages), and on a CPU-only machine
+# torch==2.13.0+cpu, never a multi-GB CUDA build. SGLang is installed with --no-deps plus the
+# handful of small packages that make overlap_utils import on a CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -20,23 +20,11 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.spec_fused-setup"
-want="$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
+want="$(cat pyproject.toml scripts/setup.sh scripts/install_torch.sh | sha1sum | cut -c1-12)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0  # already set up for this pyproject/setup script
 fi
-if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
-  if command -v nvidia-smi >/dev/null 2>&1 || [ -e /dev/nvidiactl ]; then
-    echo "setup: installing torch==2.13.0 (no torch found; an NVIDIA GPU is: the CUDA build)" >&2
-    "${PIP[@]}" install "torch==2.13.0"
-  else
-    # CPU-only: the +cpu build, never PyPI's multi-GB CUDA one. A local wheel (pip's
-    # find-links) or a mirror that has it answers first; else PyTorch's CPU index.
-    echo "setup: installing torch==2.13.0+cpu (no torch found, no NVIDIA GPU)" >&2
-    "${PIP[@]}" install "torch==2.13.0+cpu" 2>/dev/null \
-      || "${PIP[@]}" install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
-           --extra-index-url https://pypi.org/simple
-  fi
-fi
+bash scripts/install_torch.sh "$VENV"
 echo "setup: installing spec_fused and its test/bench extras" >&2
 "${PIP[@]}" install -e ".[test,bench,sglang-light,lint]"
 echo "setup: installing sglang==$SGLANG_VERSION --no-deps" >&2

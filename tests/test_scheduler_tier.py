@@ -1,7 +1,8 @@
 """The WAR-barrier decision against SGLang's real ``Scheduler`` class (the heavy tier).
 
-Importing ``sglang.srt.managers.scheduler`` on a CPU takes transformers, torchvision and
-more (scripts/setup_scheduler_tier.sh); ``./run.sh test`` runs this file in .venv-sched,
+Importing ``sglang.srt.managers.scheduler`` on a CPU takes transformers and more
+(scripts/setup_scheduler_tier.sh) and torchvision (its stand-in, tests/standins, on the
+PYTHONPATH); ``./run.sh test`` runs this file in .venv-sched,
 once per release. The scheduler is made with ``object.__new__`` (its ``__init__`` loads a
 model) and driven through its own ``_apply_war_barrier``; the whole configuration matrix
 is checked against the rules of tests/support/upstream_rules.py, as the fast tier checks it

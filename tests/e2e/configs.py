@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import models
+
+HERE = Path(__file__).resolve().parent
+# What the engine needs on a CPU, test tiers only: tests/e2e/site (sgl_kernel stand-ins, the
+# e2e plugin) and tests/standins (torchvision). Each says why in its docstring.
+STANDIN_PATHS = (HERE / "site", HERE.parent / "standins")
+
+
+def pythonpath(*extra: Path) -> str:
+    """PYTHONPATH for an engine process on CPU: the stand-ins, ``extra``, then the caller's."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([str(p) for p in (*STANDIN_PATHS, *extra)] + inherited)
+
 
 N_REQUESTS = 16
 MAX_RUNNING = 4  # requests finish at different steps; queued ones are admitted mid-decode

@@ -47,10 +47,7 @@ def serve(name: str, arms: list[str]) -> dict:
     out.unlink(missing_ok=True)
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [str(HERE / "site")]
-            + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        ),
+        PYTHONPATH=configs.pythonpath(),
         SGLANG_USE_CPU_ENGINE="1",
         TRITON_INTERPRET="1",
         # one torch thread per process: tiny ops, and JOBS engines share the cores
