@@ -52,6 +52,9 @@ RELAY_ATTR = "_spec_fused_relay"  # the live relay, or None where SGLang's path 
 DISABLED_ATTR = "_spec_fused_disabled"  # a relay handed back to SGLang, kept for inspection
 CAPS_ATTR = "_spec_fused_caps"  # set by the scheduler patch, which knows worker + backends
 BUF_ATTR = "new_seq_lens_buf"
+# A CPU relay's seq_lens_sum: up to this many lengths, sum(tolist()) beats a torch sum's
+# dispatch (0.3-0.5 us against 1.5 us on this project's CPU; 2.6 us at 256).
+_PY_SUM_MAX = 64
 
 live_relays: weakref.WeakSet[FusedRelay] = weakref.WeakSet()  # for remove() to land what is pending
 # What is the caller's fault (bad input, raised before anything is written) or a caught
@@ -347,23 +350,23 @@ class FusedRelay:
             event.wait()  # as upstream, on every device: the stream waits, not the host
         pending = self.pending
         pi, pv = pending or (None, None)
-        # Here ``exact`` means a CPU relay: the same launch also yields the sum.
-        host = True if exact else False
         try:
-            out = self._launch(fi, pi, pv, host)
+            out = self._launch(fi, pi, pv, False)
         except Exception as exc:
-            out = self._fall_back(exc, fi, pi, pv, host)
+            out = self._fall_back(exc, fi, pi, pv, False)
         self.landed, self.pending = pending, None
         batch.seq_lens = out
-        if not host:
+        if not exact:
             batch.seq_lens_cpu = None
             batch.seq_lens_sum = None
         else:
-            # CPU: the device is the host, so the lengths are the host lengths - as
-            # upstream's ``batch.seq_lens.cpu()``, the same tensor - and their sum is
-            # the launch's.
+            # Here ``exact`` means a CPU relay: the device is the host, so the lengths
+            # are the host lengths - as upstream's ``batch.seq_lens.cpu()``, the same
+            # tensor. A few ints sum faster in Python than through a torch op.
             batch.seq_lens_cpu = out
-            batch.seq_lens_sum = int(self.launcher.out_sum)
+            batch.seq_lens_sum = (
+                sum(out.tolist()) if out.shape[0] <= _PY_SUM_MAX else int(out.sum())
+            )
 
     def _consume_once(self, fm, event) -> None:
         """Upstream's consume-once check (0.5.16+, under its debug switch)."""

@@ -251,6 +251,26 @@ def test_an_empty_exact_resolve_gives_what_upstream_gives():
     assert batch.seq_lens_sum == upstream_batch.seq_lens_sum == 0
 
 
+@pytest.mark.parametrize("bs", [1, relay_mod._PY_SUM_MAX, relay_mod._PY_SUM_MAX + 1, 1000])
+@pytest.mark.parametrize("algo", ["EAGLE", "DFLASH"])
+def test_a_cpu_relay_gives_upstreams_host_lengths_and_sum_at_every_batch_size(algo, bs):
+    """A CPU relay sums a few lengths in Python and more through torch: both equal the
+    lengths and the sum SGLang's own resolve gives."""
+    cfg = TraceConfig(pool=1024, max_len=1)
+    rng = random.Random(bs)
+    slots = rng.sample(range(1, cfg.pool), bs)
+    lengths = torch.tensor([rng.randrange(1, 1 << 20) for _ in slots])
+
+    def drive(fm):
+        fm.publish(torch.tensor(slots), lengths)
+        batch = decode_batch(slots, cfg)
+        fm.resolve_seq_lens_cpu(batch)
+        return batch.seq_lens_cpu.tolist(), batch.seq_lens_sum, type(batch.seq_lens_sum)
+
+    want, got = unpatched_then_patched(drive, algo, cfg, needs_cpu_seq_lens=True)
+    assert got == want and want[1] == int(lengths.sum())
+
+
 @pytest.mark.parametrize(
     "host", [torch.tensor([5, 6, 7]), torch.tensor([5.0, 6.0]), torch.tensor([[5, 6]]), [5, 6]]
 )
