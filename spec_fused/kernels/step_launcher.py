@@ -34,6 +34,7 @@ def _check_buffer(buf) -> None:
 
 
 _UNSEEN = object()
+_INT64 = torch.int64  # one global load on the per-step path
 # What the bound path accepts without the full check; anything else takes it.
 _LEAN_INDEX = (torch.int32, torch.int64)
 
@@ -81,7 +82,7 @@ class StepLauncher:
         self._pin_host = pinned is not False
         # host=True: the launch also yields the lengths' sum in ``out_sum``, and - with a
         # mirror - stores ``[*lens, sum]`` and its stamp into the host ring. A relay on the
-        # host itself (CPU) needs the sum only: its lengths are already host lengths.
+        # host itself (CPU) launches without it and sums its lengths there (FusedRelay).
         self.mirror = mirror
         self._device_index = buf.get_device()  # -1 on CPU, as Tensor.get_device() says
         self.out_sum = torch.zeros((), dtype=torch.int64, device=buf.device)
@@ -286,19 +287,20 @@ class StepLauncher:
     def _launch_reference(self, gi, pi, pv, host: bool) -> torch.Tensor:
         """Release-mode step in plain torch: the ops upstream's own relay makes, behind
         the same O(1) guard as the kernel's."""
-        if self._guard(gi, pi, pv, host) is _UNSEEN or (host and gi.numel() > self.max_batch):
+        n = gi.numel()
+        if self._guard(gi, pi, pv, host) is _UNSEEN or (host and n > self.max_batch):
             return self.launch_checked(gi, pi, pv, host)
-        if not gi.numel() and (pi is None or not pi.numel()):  # DP-idle: nothing to launch
+        m = 0 if pi is None else pi.numel()
+        if not m and not n:  # DP-idle: nothing to launch
             return self._idle(host)
         buf = self.buf
-        if pi is not None and pi.numel():
-            if pv.dtype == torch.int64 and pi.dtype == torch.int64:
+        if m:
+            if pv.dtype is _INT64 and pi.dtype is _INT64:
                 buf.index_copy_(0, pi, pv)
             else:
-                buf[pi] = pv.to(torch.int64)
-        staged = self.staged
-        if staged is not None and gi is staged and self._on_cuda:
-            gi = staged.to(buf.device, non_blocking=True)  # pinned host indices: move over
+                buf[pi] = pv.to(_INT64)
+        if self._on_cuda and gi is self.staged:
+            gi = gi.to(buf.device, non_blocking=True)  # pinned host indices: move over
         out = buf.index_select(0, gi)
         self.launches += 1
         stamp = self.stamp = self.step & HostRing.STAMP_MASK
