@@ -299,8 +299,10 @@ class StepLauncher:
                 buf.index_copy_(0, pi, pv)
             else:
                 buf[pi] = pv.to(_INT64)
-        if self._on_cuda and gi is self.staged:
-            gi = gi.to(buf.device, non_blocking=True)  # pinned host indices: move over
+        if self._on_cuda:
+            staged = self.staged
+            if staged is not None and gi is staged:  # pinned host indices: move over
+                gi = staged.to(buf.device, non_blocking=True)
         out = buf.index_select(0, gi)
         self.launches += 1
         stamp = self.stamp = self.step & HostRing.STAMP_MASK
