@@ -58,7 +58,8 @@ def host_table(path: Path, batches=(1, 1024)) -> str:
     lines = [
         f"host_overhead, device `{data['device']}`, production backend "
         f"`{data['config']['production_backend']}`, median host µs per step "
-        f"(publish + resolve) and × upstream",
+        f"(publish + resolve) and × upstream (the median of each round's ratio to "
+        f"upstream's block in the same round)",
         "",
         "| algorithm | needs_cpu_seq_lens | batch | upstream | " + " | ".join(present) + " |",
         "|---|---:|---:|---:|" + "---:|" * len(present),
