@@ -145,6 +145,13 @@ def pip(python: Path, *args: str) -> None:
     )
 
 
+def install_overlay(python: Path, target: Path, *specs: str) -> None:
+    """``specs`` into ``target`` alone (no dependencies, no bytecode): a PYTHONPATH overlay."""
+    pip(
+        python, "install", "--no-deps", "--no-compile", "--upgrade", "--target", str(target), *specs
+    )
+
+
 def overlay(release: str) -> Path:
     """``.compat/sglang-<release>``: the wheel, no dependencies (pip's cache reuses it)."""
     target = COMPAT_DIR / f"sglang-{release}"
@@ -153,16 +160,7 @@ def overlay(release: str) -> Path:
         print(
             f"[{release}] installing sglang=={release} into {target.relative_to(ROOT)}", flush=True
         )
-        pip(
-            LIGHT_PY,
-            "install",
-            "--no-deps",
-            "--no-compile",
-            "--upgrade",
-            "--target",
-            str(target),
-            f"sglang=={release}",
-        )
+        install_overlay(LIGHT_PY, target, f"sglang=={release}")
         done.write_text(release)
     return target
 
@@ -215,16 +213,7 @@ def heavy_overlay(sglang_dir: Path, release: str):
         flush=True,
     )
     specs = [f"{n}{s}" for n, s in pins.items()]
-    pip(
-        HEAVY_PY,
-        "install",
-        "--no-deps",
-        "--no-compile",
-        "--upgrade",
-        "--target",
-        str(target),
-        *specs,
-    )
+    install_overlay(HEAVY_PY, target, *specs)
     # What that transformers itself needs of the two it is strict about.
     for meta in target.glob("transformers-*.dist-info/METADATA"):
         needs = _requires(meta)
@@ -234,16 +223,7 @@ def heavy_overlay(sglang_dir: Path, release: str):
             if n in needs and n not in pins
         ]
         if extra:
-            pip(
-                HEAVY_PY,
-                "install",
-                "--no-deps",
-                "--no-compile",
-                "--upgrade",
-                "--target",
-                str(target),
-                *extra,
-            )
+            install_overlay(HEAVY_PY, target, *extra)
     done.write_text(release)
     return target
 
