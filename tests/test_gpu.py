@@ -467,7 +467,8 @@ def test_the_launchers_state_lives_where_cuda_needs_it():
     assert pg.out_sum.device == buf.device
     assert pg._flag.is_pinned() and pg._flag.device.type == "cpu"
     assert pg.empty_out.device == buf.device and pg.empty_out.numel() == 0
-    assert pg.empty_out.data_ptr() != 0 and pg.empty_out.data_ptr() != buf.data_ptr()
+    # (an empty CUDA tensor's data_ptr() is 0, seen on an H100: Triton's launcher takes it)
+    assert pg.empty_out.data_ptr() != buf.data_ptr()
 
 
 def test_the_reference_rung_moves_staged_host_indices_to_the_device():
@@ -517,7 +518,7 @@ for step in ("fault", "next launch"):
     except Exception as exc:
         seen.append({"step": step, "sticky": is_sticky_fault(exc), "type": type(exc).__name__,
                      "text": str(exc).splitlines()[0][:200]})
-print(json.dumps({"seen": seen}))
+print(json.dumps({"seen": seen}), flush=True)  # the process may not exit cleanly
 """
 
 
@@ -531,7 +532,9 @@ def test_a_real_sticky_fault_is_recognised_as_one():
     done = subprocess.run(
         [sys.executable, "-c", _FAULTING_CHILD], capture_output=True, text=True, timeout=120
     )
-    seen = json.loads(done.stdout.strip().splitlines()[-1])["seen"]
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"the child printed nothing (rc {done.returncode}): {done.stderr[-2000:]}"
+    seen = json.loads(lines[-1])["seen"]
     assert seen and all(s["sticky"] for s in seen), seen
 
 

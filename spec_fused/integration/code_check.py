@@ -65,13 +65,29 @@ def _strip_docstring(node: Any) -> Any:
     return node
 
 
+def _canonical(node: Any) -> str:
+    """The AST as text that every Python reads alike. ``ast.dump`` does not: 3.12 added
+    ``type_params=[]`` to every definition and 3.13 stopped printing empty fields, so its
+    hash of one source differed by interpreter and the gate refused SGLang 0.5.23 on
+    Python 3.12 (the first GPU run). Empty and ``None`` fields are left out, by name."""
+    if isinstance(node, ast.AST):
+        fields = (
+            f"{name}={_canonical(value)}"
+            for name in node._fields
+            if (value := getattr(node, name, None)) is not None and value != []
+        )
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(_canonical(item) for item in node)}]"
+    return repr(node)
+
+
 def _fingerprint_node(node: Any) -> str:
     """``signature|hash``: the signature as source (names, kinds, defaults, annotations)
     and a short hash of the whole definition's AST, docstring left out."""
     node = _strip_docstring(node)
     signature = ast.unparse(node.args)
-    dump = ast.dump(node, annotate_fields=False, include_attributes=False)
-    return f"({signature})|{hashlib.sha256(dump.encode()).hexdigest()[:16]}"
+    return f"({signature})|{hashlib.sha256(_canonical(node).encode()).hexdigest()[:16]}"
 
 
 def fingerprint_function(fn) -> str:

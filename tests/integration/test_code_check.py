@@ -170,3 +170,46 @@ def _pool(cfg):
     from spec_fused.tools.traces import make_pool
 
     return make_pool(cfg.pool, cfg.max_len)
+
+
+def _other_pythons() -> list[str]:
+    """Interpreters of other minor versions found here (pyenv's, or python3.N on PATH)."""
+    import glob
+    import os
+    import shutil
+
+    found = {}
+    for minor in range(10, 15):
+        if minor == sys.version_info[1]:
+            continue
+        pyenv = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/3.{minor}.*/bin/python")))
+        exe = pyenv[-1] if pyenv else shutil.which(f"python3.{minor}")
+        if exe and "shims" not in exe:
+            found[minor] = exe
+    return list(found.values())
+
+
+@pytest.mark.parametrize("python", _other_pythons() or [None])
+def test_every_python_reads_the_same_fingerprint_of_the_installed_code(python):
+    """The first GPU run (Python 3.12) refused SGLang 0.5.23 because ``ast.dump`` prints
+    the same source differently on 3.11, 3.12 and 3.13: the record must not depend on
+    the interpreter that reads it."""
+    import json
+    import subprocess
+
+    if python is None:
+        pytest.skip("no Python of another minor version on this machine")
+    script = (
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('cc', {code_check.__file__!r})\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules['cc'] = m\n"
+        "spec.loader.exec_module(m)\n"
+        f"names = m.CHECKED['sglang.srt.managers.overlap_utils']\n"
+        f"print(json.dumps(m.fingerprint_source_file({overlap_utils.__file__!r}, names)))\n"
+    )
+    done = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout)
+    ours = code_check.fingerprint_source_file(overlap_utils.__file__, list(theirs))
+    assert theirs == ours
+    assert theirs == TESTED_CODE[VERSION]["sglang.srt.managers.overlap_utils"]
