@@ -21,11 +21,14 @@ from typing import NoReturn, Optional
 
 __all__ = ["STICKY_CODES", "StickyDeviceFault", "is_sticky_fault", "raise_if_sticky"]
 
-# cudaError_t codes after which the context is unusable ("sticky" in CUDA's words), with
-# the text cudaGetErrorString / cuGetErrorString give for them: PyTorch raises
-# "CUDA error: <text>", Triton's launcher "Triton Error [CUDA]: <text>".
+# cudaError_t codes after which the context is unusable ("sticky" in CUDA's words; cuda.h:
+# "the process must be terminated and relaunched"), with the text cudaGetErrorString gives
+# for them (read from libcudart 13.0): PyTorch raises "CUDA error: <text>", Triton's
+# launcher "Triton Error [CUDA]: <text>".
 STICKY_CODES = {
     214: "uncorrectable ECC error encountered",
+    220: "uncorrectable NVLink error detected during the execution",
+    226: "Invalid access of peer GPU memory over nvlink or a hardware error",
     700: "an illegal memory access was encountered",
     702: "the launch timed out and was terminated",
     710: "device-side assert triggered",
@@ -35,6 +38,8 @@ STICKY_CODES = {
     717: "operation not supported on global/shared address space",
     718: "invalid program counter",
     719: "unspecified launch failure",
+    721: "tensor memory not completely freed",
+    810: "the MPS client has been terminated by the server",
 }
 _STICKY_TEXT = re.compile(
     r"(CUDA error|Triton Error \[CUDA\]|CUDA driver error)[^:]*:\s*("

@@ -421,6 +421,7 @@ def _war_barrier_property():
         try:
             caps = _scheduler_caps(self)
         except Exception as exc:
+            raise_if_sticky(exc, "spec_fused's WAR-barrier decision (scheduler set-up)", logger)
             _relay.log_once(
                 ("war-caps", type(exc).__name__),
                 "no capabilities for the WAR barrier decision (%s); keeping SGLang's",

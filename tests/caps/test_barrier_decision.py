@@ -16,6 +16,7 @@ from support.upstream_rules import (
     BACKEND_TBO,
     check_barrier_matrix,
     light_scheduler,
+    make_scheduler,
 )
 
 from spec_fused import log
@@ -141,3 +142,25 @@ def test_traces_under_the_filed_caps_match_upstream(
         ), relay.caps.explain()
         got = run_trace(fm, cfg)
     assert got == want
+
+
+def test_a_sticky_fault_while_deciding_the_barrier_escapes_naming_spec_fused(
+    scheduler_cls, monkeypatch
+):
+    """Setting the barrier reads the capabilities and may allocate the pinned host ring:
+    a dead CUDA context there must not be logged as "no capabilities" and left for the
+    next CUDA call to blame on SGLang."""
+    from spec_fused import relay as relay_mod
+    from spec_fused.tools.traces import TraceConfig, make_future_map
+
+    fm = make_future_map("EAGLE", TraceConfig(pool=16))
+
+    def dead(*args, **kwargs):
+        raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+
+    monkeypatch.setattr(relay_mod, "future_map_caps", dead)
+    sched = make_scheduler(scheduler_cls, SpeculativeAlgorithm.EAGLE, fm)
+    with pytest.raises(RuntimeError) as info:
+        sched._war_barrier_enabled = True
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "spec_fused" in notes and "SPEC_FUSED_DISABLE=1" in notes

@@ -169,6 +169,16 @@ def test_every_sticky_code_is_recognised_by_code_and_by_text(code, text):
     assert is_sticky_fault(RuntimeError(f"Triton Error [CUDA]: {text}"))
 
 
+@pytest.mark.parametrize("code", [220, 226, 721, 810])
+def test_the_codes_after_which_cuda_says_relaunch_are_sticky(code):
+    """NVLink uncorrectable, Hopper's contained error, a tensor-memory leak and a terminated
+    MPS client: cuda.h says the process must be terminated and relaunched after each."""
+    coded = torch.AcceleratorError("opaque")
+    coded.error_code = code
+    assert is_sticky_fault(coded)
+    assert is_sticky_fault(RuntimeError(f"Triton Error [CUDA]: {STICKY_CODES[code]}"))
+
+
 def test_what_is_not_sticky_is_not():
     assert not is_sticky_fault(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_sticky_fault(RuntimeError("CUDA error: out of memory"))
