@@ -43,30 +43,10 @@ class CudaOps:
         self.stream_ctx = torch.cuda.stream
         self.event = torch.cuda.Event
 
-    def new_stream(self, avoid: set):
-        """A high-priority stream that is none of ``avoid`` (raw handles). CUDA hands
-        streams out round-robin from a fixed pool per priority, so a fresh ``Stream()``
-        can be one SGLang already uses (its own ``allocate_distinct_stream`` guards
-        against that); SGLang's scheduler streams are priority 0, so this draws from the
-        high-priority pool, and checks all the same."""
-        for _ in range(65):
-            stream = torch.cuda.Stream(self.device, priority=-1)
-            if stream.cuda_stream not in avoid:
-                return stream
-        raise RuntimeError("spec_fused: unable to allocate a stream distinct from SGLang's")
-
-    def external_event(self):
-        """An event whose record inside a CUDA-graph capture is an external node (it
-        records at every replay, and eager waits on it stay valid), or None where the
-        installed torch cannot make one."""
-        try:
-            return torch.cuda.Event(external=True)
-        except TypeError:  # torch without Event(external=...)
-            return None
-
-    @staticmethod
-    def handle(stream) -> int:
-        return stream.cuda_stream
+    def new_stream(self):
+        """The private stream: high priority, so the short relay launch is not queued
+        behind bulk work (SGLang's own scheduler streams are priority 0)."""
+        return torch.cuda.Stream(self.device, priority=-1)
 
     @staticmethod
     def record_stream(tensor, stream) -> None:

@@ -62,9 +62,9 @@ class LaunchCounter:
 @pytest.fixture
 def kernel_launches(monkeypatch):
     """Counts real launches of the fused Triton kernel (compiled or interpreted), through
-    ``kernel[grid]`` and through the bound direct launch alike."""
-    from spec_fused.kernels import direct_launch as launcher_mod
+    ``kernel[grid]`` and through the direct launch alike."""
     from spec_fused.kernels import publish_gather as pg
+    from spec_fused.kernels.direct_launch import DirectLaunch
 
     counter = LaunchCounter()
     kernel = pg._publish_gather_kernel
@@ -75,24 +75,14 @@ def kernel_launches(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(kernel, "run", run)
-    real_bind = launcher_mod.bind
+    direct = DirectLaunch.launch
 
-    def bind(compiled, n_args):
-        bound, why = real_bind(compiled, n_args)
-        if bound is None:
-            return bound, why
-        direct = bound.run
+    def launch(self, bound, args):
+        counter.count += 1
+        counter.direct += 1
+        return direct(self, bound, args)
 
-        def counted(*args):
-            counter.count += 1
-            counter.direct += 1
-            return direct(*args)
-
-        return launcher_mod.BoundKernel(
-            counted, bound.function, bound.metadata, bound.compiled
-        ), why
-
-    monkeypatch.setattr(launcher_mod, "bind", bind)
+    monkeypatch.setattr(DirectLaunch, "launch", launch)
     return counter
 
 

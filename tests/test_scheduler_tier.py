@@ -19,7 +19,7 @@ pytestmark = pytest.mark.scheduler
 from sglang.srt.managers import scheduler as scheduler_mod  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from support.upstream_rules import (  # noqa: E402
-    BACKEND_TBO,
+    NEEDS_CPU,
     barrier_calls,
     check_barrier_matrix,
     make_scheduler,
@@ -51,13 +51,9 @@ def test_unpatched_scheduler_barrier_is_platform_only():
 
 
 @pytest.mark.parametrize("algorithm", list(SpeculativeAlgorithm), ids=lambda a: a.name)
-@pytest.mark.parametrize("needs_cpu, tbo", BACKEND_TBO)
-def test_barrier_matrix_on_the_real_scheduler(
-    patched_scheduler, algorithm, needs_cpu, tbo, monkeypatch
-):
-    check_barrier_matrix(
-        patched_scheduler, algorithm, needs_cpu=needs_cpu, tbo=tbo, monkeypatch=monkeypatch
-    )
+@pytest.mark.parametrize("needs_cpu", NEEDS_CPU)
+def test_barrier_matrix_on_the_real_scheduler(patched_scheduler, algorithm, needs_cpu, monkeypatch):
+    check_barrier_matrix(patched_scheduler, algorithm, needs_cpu=needs_cpu, monkeypatch=monkeypatch)
 
 
 def test_coarse_fallback_still_works_when_barrier_kept(patched_scheduler):
@@ -134,4 +130,4 @@ def test_scheduler_caps_reach_a_relay_made_earlier(patched_scheduler):
     relay = relay_mod.relay_for(fm)  # e.g. a warm-up step before the loop
     assert relay.host_seq_lens == "none"  # the backends opt out; no worker claim yet
     barrier_calls(sched, True)
-    assert (relay.host_seq_lens, relay.caps.host_source) == ("exact", "worker")
+    assert relay.host_seq_lens == "exact" and relay.caps.exact_claimed

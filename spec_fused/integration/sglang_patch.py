@@ -12,6 +12,9 @@ It patches, reversibly:
   ``needs_war_barrier`` capability, patched when ``sglang.srt.managers.scheduler`` is (or
   gets) imported, never by importing it.
 
+While SGLang builds a speculative ``FutureMap`` on a CUDA device, the start-up canary
+(:mod:`spec_fused.kernels.canary`) proves the kernel there, before the first request.
+
 ``SPEC_FUSED_DISABLE=1`` (or leaving ``spec_fused`` out of ``SGLANG_PLUGINS``) keeps SGLang
 exactly as shipped: the A side of every A/B. Anything not tested - a release below the
 range, a missing class or method, code that is not, as a whole, the code of a tested
@@ -37,9 +40,9 @@ from spec_fused.faults import raise_if_sticky
 from spec_fused.integration import code_check
 from spec_fused.integration.hooks import PatchSet
 from spec_fused.kernels.backend import device_key
-from spec_fused.kernels.canary import child_canary, prewarm
+from spec_fused.kernels.canary import canary
 from spec_fused.releases import TESTED_RELEASES, support_status
-from spec_fused.upstream import debug_enabled, scheduler_gpu_id
+from spec_fused.upstream import confidential_compute, debug_enabled
 
 logger = logging.getLogger("spec_fused")
 
@@ -184,27 +187,13 @@ def verify_code(version: str, module) -> code_check.CodeVerdict:
 # ---------------------------------------------------------------------------- hooks
 
 
-_PASSTHROUGH = (AssertionError,)  # SGLang's own debug checks must surface as they do upstream
 _UNDECIDED = object()
 
 
 def _on_failure(fm, relay, exc, what):
-    from spec_fused.kernels.checks import (
-        InputError,
-        InputTypeError,
-        PoisonedSlotError,
-        StaleHostMirrorError,
-    )
-
-    # Bad input and caught bugs reach the caller, as upstream's own errors would; the
-    # relay stays (a bad step is not a broken relay).
-    if isinstance(
-        exc, (InputError, InputTypeError, PoisonedSlotError, StaleHostMirrorError, *_PASSTHROUGH)
-    ):
-        raise exc
-    # A dead CUDA context: SGLang's own method would fail at its next CUDA call, blaming
-    # itself. Escape here, naming spec_fused and the way to serve without it.
-    raise_if_sticky(exc, relay.step_name(what), logger)
+    """A relay step failed: the caller's error or a sticky fault is raised; anything
+    else hands this FutureMap back to SGLang for good, with one log line."""
+    _relay.step_failed(exc, relay.step_name(what))
     _relay.log_once(
         ("fallback", what, type(exc).__name__),
         "fused %s failed (%s: %s); SGLang's own relay takes over this FutureMap",
@@ -324,29 +313,28 @@ def read_buffer(fm) -> torch.Tensor:
         raise AttributeError(_relay.BUF_ATTR) from None
 
 
-_prewarmed: set = set()
+_proven: set = set()
 
 
 def prewarm_for(fm, buf) -> None:
-    """Compile the fused kernel for a speculative FutureMap's device while it is being
-    built (before serving starts); a failure is logged and the ladder handles it later."""
+    """While a speculative FutureMap is built on a CUDA device (before serving), run the
+    start-up canary there once: every specialization compiled and proven on the launcher
+    the relay will build. A sticky fault escapes; anything else is logged and the
+    fallback ladder handles it later."""
     try:
         algo = getattr(fm, "spec_algo", None)
         if algo is None or not algo.is_some() or not isinstance(buf, torch.Tensor):
             return
-        if (
-            buf.device.type != "cuda"
-            or _relay.not_relayed_on(buf.device) is not None
-            or device_key(buf.device) in _prewarmed
-        ):
+        key = device_key(buf.device) if buf.device.type == "cuda" else None
+        if key is None or key in _proven or _relay.unsupported_device(buf.device) is not None:
             return
-        _prewarmed.add(device_key(buf.device))
-        prewarm(buf.device, debug=debug_enabled())  # the launcher the relay will build
+        _proven.add(key)
+        canary(buf.device, debug=debug_enabled(), pinned=not confidential_compute())
     except Exception as exc:
         raise_if_sticky(exc, f"spec_fused's start-up canary on {buf.device}", logger)
         _relay.log_once(
             ("prewarm", type(exc).__name__),
-            "could not compile the fused kernel ahead of serving (%s: %s)",
+            "could not prove the fused kernel ahead of serving (%s: %s)",
             type(exc).__name__,
             exc,
         )
@@ -374,28 +362,19 @@ def _buffer_property():
 
 
 def _scheduler_caps(sched):
-    """The production decision for this scheduler's FutureMap, which the scheduler knows
-    best: its worker (``draft_worker``, whose own declaration counts) and its server
-    arguments (two-batch overlap, read as the installed release reads it). None where the
-    relay does not engage (a device it does not run on): SGLang's barrier then stays."""
+    """The production decision for this scheduler's FutureMap, with its worker
+    (``draft_worker``, whose own declaration counts). None where the relay does not
+    engage (no speculation, a device it does not run on): SGLang's barrier then stays."""
     algorithm = getattr(sched, "spec_algorithm", None)
     if algorithm is None or not algorithm.is_some():
-        return None  # no speculative relay: the barrier is none of spec_fused's business
+        return None
     future_map = getattr(sched, "future_map", None)
     if future_map is None:
         raise AttributeError("the scheduler has no future_map")
     buf = future_map.__dict__.get(_relay.BUF_ATTR)
-    unsupported = None if buf is None else _relay.not_relayed_on(buf.device)
-    if unsupported is not None:
-        _relay.log_once(
-            ("device", unsupported), "not relaying on %s; SGLang's relay runs", unsupported
-        )
+    if buf is not None and _relay.unsupported_device(buf.device) is not None:
         return None
-    caps = _relay.future_map_caps(
-        future_map,
-        worker=getattr(sched, "draft_worker", None),
-        server_args=getattr(sched, "server_args", None),
-    )
+    caps = _relay.future_map_caps(future_map, worker=getattr(sched, "draft_worker", None))
     future_map.__dict__[_relay.CAPS_ATTR] = caps
     relay = future_map.__dict__.get(_relay.RELAY_ATTR)
     if relay is not None:  # made before the scheduler knew its worker: update it
@@ -437,7 +416,7 @@ def _war_barrier_property():
                 ("war-off", str(self.spec_algorithm)),
                 "WAR barrier off for %s (%s)",
                 getattr(self.spec_algorithm, "name", self.spec_algorithm),
-                caps.why_barrier(),
+                caps.reason,
                 level=logging.WARNING,
             )
 
@@ -463,55 +442,6 @@ def _patch_scheduler(patches: PatchSet, module, version: str) -> None:
         )
         return
     patches.set_attr(scheduler, "_war_barrier_enabled", _war_barrier_property())
-    patches.replace(scheduler, "__init__", _make_scheduler_init)
-
-
-def _make_scheduler_init(original):
-    def __init__(self, *args, **kwargs):
-        canary_before_pools(original, args, kwargs)
-        return original(self, *args, **kwargs)
-
-    return __init__
-
-
-def canary_before_pools(scheduler_init, args, kwargs) -> Optional[dict]:
-    """At the top of ``Scheduler.__init__`` - before the model worker allocates its pools,
-    so the child's CUDA context comes and goes before SGLang measures free memory - run
-    the start-up canary for this rank's GPU in a child process (:func:`child_canary`): a
-    kernel that faults there costs the child, not the server. Only for a speculative
-    server on NVIDIA CUDA; never raises (a canary that cannot run in a child runs in
-    the scheduler process later, at prewarm)."""
-    try:
-        if settings.CHILD_CANARY.raw() == "0":
-            return None
-        params = inspect.signature(scheduler_init).bind_partial(None, *args, **kwargs)
-        server_args = params.arguments.get("server_args")
-        if (
-            not getattr(server_args, "speculative_algorithm", None)
-            or getattr(server_args, "device", "cuda") not in ("cuda", None)
-            or getattr(torch.version, "hip", None)
-        ):
-            return None
-        gpu_id = params.arguments.get("gpu_id")
-        gpu_id = scheduler_gpu_id() if gpu_id is None else gpu_id
-        if gpu_id is None:
-            _relay.log_once(
-                "child-canary-gpu",
-                "cannot tell this scheduler's GPU before it "
-                "starts; the start-up canary runs in the scheduler process",
-                level=logging.INFO,
-            )
-            return None
-        return child_canary(torch.device("cuda", int(gpu_id)), debug=debug_enabled())
-    except Exception as exc:
-        _relay.log_once(
-            ("child-canary", type(exc).__name__),
-            "the start-up canary could not run in a child process (%s: %s); it "
-            "runs in the scheduler process",
-            type(exc).__name__,
-            exc,
-        )
-        return None
 
 
 # ---------------------------------------------------------------------------- public API

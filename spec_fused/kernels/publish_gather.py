@@ -1,25 +1,18 @@
 """One launch for the FutureMap relay: publish step N's lengths, gather step N+1's, sum them.
 
-Why fused: upstream SGLang spends a scatter (plus a dtype cast), an event, a gather, a
-D2H copy of the *whole* ``new_seq_lens_buf`` pool, a blocking synchronize and a host
-index + sum on every speculative decode step (``FutureMap.publish`` and
-``FutureMap.resolve_seq_lens_cpu``). All of it touches at most ``m + n`` int64 values, so
-the cost is pure launch and sync overhead. This module does the scatter, the gather, the
-sum and (optionally) the host mirror in ONE Triton program: the publish happens-before the
-gather inside the launch (``tl.debug_barrier``), the sum is a register reduction, and the
-host mirror is ``n + 1`` values stored straight into pinned memory by the same program.
-
-Layout follows SGLang's ``gather_spec_extras``: the kernel, its one-call wrapper
-(:func:`publish_gather`), a torch reference with the same semantics, and the custom op
-that lets ``torch.compile`` trace it. The per-step launcher the relay uses is
-``step_launcher.StepLauncher``; input checks and errors are ``checks``; which backend
-runs where is ``backend`` (which needs nothing of this module).
+Why fused: per speculative decode step upstream SGLang spends a scatter (and a cast), an
+event, a gather, a D2H copy of the *whole* ``new_seq_lens_buf`` pool, a blocking
+synchronize and a host sum, all for at most ``m + n`` int64 values. One Triton program
+does the scatter, then (``tl.debug_barrier``) the gather, the sum and, optionally, the
+host mirror: ``n + 1`` values stored straight into pinned memory. Laid out as SGLang's
+``gather_spec_extras``: the kernel, its one-call wrapper, a torch reference, the custom op.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from functools import partial
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -35,68 +28,53 @@ except Exception:  # pragma: no cover - exercised by the fallback-ladder tests
     triton = None
     tl = None
 
-__all__ = ["BLOCK", "PublishGatherResult", "publish_gather", "publish_gather_reference"]
+__all__ = ["BLOCK", "Args", "PublishGatherResult", "publish_gather", "publish_gather_reference"]
 
-# One program, one block shape: a decode batch up to BLOCK lengths takes one loop
-# iteration; larger ones loop inside the same program, which is still one launch. A single
-# BLOCK keeps the compiled specializations few, so none is compiled while serving.
+# One program: a batch above BLOCK loops inside the same launch. One BLOCK keeps the
+# compiled specializations few, so none is compiled while serving.
 BLOCK = 1024
-NUM_WARPS = 4
 
 
 @dataclass
 class PublishGatherResult:
     seq_lens: torch.Tensor  # (n,) buf.dtype on buf.device
     seq_lens_sum: torch.Tensor  # 0-d int64 on buf.device
-    # Sticky error flag the poison check writes (slot index, or -1): None unless poison.
-    error_flag: Optional[torch.Tensor] = None
+    error_flag: Optional[torch.Tensor] = None  # the consume-once check's flag (poison only)
 
-    def raise_if_poisoned(self) -> None:
-        """Raise :class:`PoisonedSlotError` if the consume-once check tripped.
-
-        Reads the flag without a device sync when it lives in host memory (CPU, or a
-        pinned zero-copy flag on CUDA); call it after the stream has been synchronized."""
+    def raise_if_poisoned(self) -> None:  # on GPU, after a sync
         raise_if_flagged(self.error_flag)
 
 
-# --------------------------------------------------------------------------- kernel
+class Args(NamedTuple):
+    """One launch, as both implementations take it."""
+
+    buf: torch.Tensor
+    gather_indices: torch.Tensor
+    publish_indices: Optional[torch.Tensor]
+    publish_values: Optional[torch.Tensor]
+    out: torch.Tensor
+    out_sum: torch.Tensor
+    host_out: Optional[torch.Tensor] = None  # [*lens, sum, ..., stamp]: a host-ring row
+    error_flag: Optional[torch.Tensor] = None
+    poison: bool = False
+    stamp: Optional[int] = None  # which launch wrote host_out (host_ring.py)
+    stamp_offset: int = 0
+
+
+# Integers that change every step and pointers into the caller's tensors must not pick
+# the compiled specialization: the pointers' dtypes and the constexprs alone do.
+_VARYING = "m n stamp stamp_offset".split()
+_PTRS = "pub_idx_ptr pub_val_ptr gat_idx_ptr out_ptr out_sum_ptr host_ptr err_ptr".split()
 
 if triton is not None:
-    # Nothing but the pointers' dtypes and the constexprs may pick the compiled specialization:
-    # lengths and the stamp change every step (specializing on them would recompile),
-    # and the caller's index/value tensors may be views at any offset. So every integer
-    # is excluded from value specialization and every pointer but the relay buffer from
-    # alignment specialization, which is what lets StepLauncher bind one compiled
-    # specialization per dtype combination and launch it directly (direct_launch.py).
-    @triton.jit(
-        do_not_specialize=[
-            "pub_idx_stride",
-            "pub_val_stride",
-            "m",
-            "gat_idx_stride",
-            "n",
-            "stamp",
-            "stamp_offset",
-        ],
-        do_not_specialize_on_alignment=[
-            "pub_idx_ptr",
-            "pub_val_ptr",
-            "gat_idx_ptr",
-            "out_ptr",
-            "out_sum_ptr",
-            "host_ptr",
-            "err_ptr",
-        ],
-    )
+    # So the launcher can bind one compiled specialization per dtype combination.
+    @triton.jit(do_not_specialize=_VARYING, do_not_specialize_on_alignment=_PTRS)
     def _publish_gather_kernel(
         buf_ptr,
         pub_idx_ptr,
-        pub_idx_stride,
         pub_val_ptr,
-        pub_val_stride,
         m,
         gat_idx_ptr,
-        gat_idx_stride,
         n,
         out_ptr,
         out_sum_ptr,
@@ -109,16 +87,13 @@ if triton is not None:
         POISON: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
-        # Usual decode batches fit one block (BLOCK >= max(n, m)): each loop below runs
-        # once. Larger batches loop inside the same program - still one launch, and the
-        # publish-before-gather order needs no grid-wide barrier.
         lanes = tl.arange(0, BLOCK)
         # 1) publish: buf[pub_idx] = pub_val (cast to int64 in registers).
         for start in range(0, m, BLOCK):
             offs = start + lanes
             mask = offs < m
-            idx = tl.load(pub_idx_ptr + offs * pub_idx_stride, mask=mask, other=0)
-            val = tl.load(pub_val_ptr + offs * pub_val_stride, mask=mask, other=0)
+            idx = tl.load(pub_idx_ptr + offs, mask=mask, other=0)
+            val = tl.load(pub_val_ptr + offs, mask=mask, other=0)
             tl.store(buf_ptr + idx.to(tl.int64), val.to(tl.int64), mask=mask)
         # Publish happens-before gather: every lane's store is visible to every lane.
         tl.debug_barrier()
@@ -128,7 +103,7 @@ if triton is not None:
         for start in range(0, n, BLOCK):
             offs = start + lanes
             mask = offs < n
-            idx = tl.load(gat_idx_ptr + offs * gat_idx_stride, mask=mask, other=0).to(tl.int64)
+            idx = tl.load(gat_idx_ptr + offs, mask=mask, other=0).to(tl.int64)
             v = tl.load(buf_ptr + idx, mask=mask, other=0)
             tl.store(out_ptr + offs, v, mask=mask)
             if HAS_HOST:
@@ -140,8 +115,7 @@ if triton is not None:
         tl.store(out_sum_ptr, total)
         if HAS_HOST:
             tl.store(host_ptr + n, total)
-            if HAS_STAMP:  # says which launch wrote this row; the host reads it only
-                # after waiting for the launch to complete (see host_ring.py)
+            if HAS_STAMP:  # which launch wrote this row; read after the launch completed
                 tl.store(host_ptr + stamp_offset, stamp.to(tl.int64))
 
         # 3) consume-once poison, after every lane has read (duplicates read the value).
@@ -150,119 +124,56 @@ if triton is not None:
             for start in range(0, n, BLOCK):
                 offs = start + lanes
                 mask = offs < n
-                idx = tl.load(gat_idx_ptr + offs * gat_idx_stride, mask=mask, other=0)
+                idx = tl.load(gat_idx_ptr + offs, mask=mask, other=0)
                 tl.store(buf_ptr + idx.to(tl.int64), tl.full([BLOCK], -1, tl.int64), mask=mask)
 
 else:  # pragma: no cover
     _publish_gather_kernel = None
 
 
-def kernel_args(
-    buf,
-    gather_indices,
-    publish_indices,
-    publish_values,
-    out,
-    out_sum,
-    host_out,
-    err,
-    stamp,
-    stamp_offset,
-) -> tuple:
-    """The kernel's runtime arguments in order, as both launches pass them: Triton's
-    normal one (:func:`_launch`) and the direct one (``step_launcher``). An empty input's
-    pointer may be null, so one with nothing to read points at ``buf`` (its loop never
-    runs; any valid pointer will do), and an absent host row or error flag at ``out``."""
-    n = gather_indices.shape[0]
-    m = 0 if publish_indices is None else publish_indices.shape[0]
-    if not m:
-        publish_indices = publish_values = buf
+def kernel_args(a: Args) -> tuple:
+    """The kernel's arguments in order (constexprs last), for the normal launch and the
+    direct one. An input with nothing to read points at ``buf`` (its loop never runs), an
+    absent host row or error flag at ``out``: the interpreter needs a tensor behind each."""
+    n, pi = a.gather_indices.shape[0], a.publish_indices
+    m = 0 if pi is None else pi.shape[0]
     return (
-        buf,
-        publish_indices,
-        publish_indices.stride(0) if m else 0,
-        publish_values,
-        publish_values.stride(0) if m else 0,
-        m,
-        gather_indices if n else buf,
-        gather_indices.stride(0) if n else 0,
+        *((a.buf, pi, a.publish_values, m) if m else (a.buf, a.buf, a.buf, 0)),
+        a.gather_indices if n else a.buf,
         n,
-        out,
-        out_sum,
-        out if host_out is None else host_out,
-        out if err is None else err,
-        0 if stamp is None else stamp,
-        stamp_offset,
+        a.out,
+        a.out_sum,
+        a.out if a.host_out is None else a.host_out,
+        a.out if a.error_flag is None else a.error_flag,
+        0 if a.stamp is None else a.stamp,
+        a.stamp_offset,
+        a.host_out is not None,  # HAS_HOST
+        a.stamp is not None,  # HAS_STAMP
+        bool(a.poison),  # POISON
+        BLOCK,
     )
 
 
-def _launch(
-    buf,
-    gather_indices,
-    publish_indices,
-    publish_values,
-    out,
-    out_sum,
-    host_out,
-    err,
-    poison,
-    stamp=None,
-    stamp_offset=0,
-):
-    """``kernel[grid](...)``: Triton's normal launch path; returns the compiled kernel."""
-    return _publish_gather_kernel[(1,)](
-        *kernel_args(
-            buf,
-            gather_indices,
-            publish_indices,
-            publish_values,
-            out,
-            out_sum,
-            host_out,
-            err,
-            stamp,
-            stamp_offset,
-        ),
-        HAS_HOST=host_out is not None,
-        HAS_STAMP=stamp is not None,
-        POISON=bool(poison),
-        BLOCK=BLOCK,
-        num_warps=NUM_WARPS,
-    )
+def launch_triton(a: Args):
+    """``kernel[grid](...)``: Triton's normal launch; returns the compiled kernel."""
+    return _publish_gather_kernel[(1,)](*kernel_args(a), num_warps=4)
 
 
-# --------------------------------------------------------------------------- reference
-
-
-def _reference_impl(
-    buf,
-    gather_indices,
-    publish_indices,
-    publish_values,
-    out,
-    out_sum,
-    host_out,
-    err,
-    poison,
-    stamp=None,
-    stamp_offset=0,
-):
-    if publish_indices is not None and publish_indices.shape[0]:
-        buf[publish_indices.long()] = publish_values.to(buf.dtype)
-    gathered = buf[gather_indices.long()]
-    if poison and gathered.numel() and bool((gathered < 0).any()):
-        bad = int(gather_indices[(gathered < 0).nonzero()[0, 0]])
-        if err is not None:
-            err[0] = bad
-    out.copy_(gathered)
-    out_sum.copy_(gathered.sum().reshape(out_sum.shape))
-    if host_out is not None:
-        write_host_row(host_out, gathered, out_sum.reshape(()), stamp, stamp_offset)
-    if poison and gathered.numel():
-        buf[gather_indices.long()] = -1
-
-
-# --------------------------------------------------------------------------- custom op
+def launch_reference(a: Args) -> None:
+    """The kernel's semantics in plain torch."""
+    buf, pi, pv = a.buf, a.publish_indices, a.publish_values
+    if pi is not None and pv is not None and pi.shape[0]:
+        buf[pi.long()] = pv.to(buf.dtype)
+    gathered = buf[a.gather_indices.long()]
+    if a.poison and gathered.numel() and bool((gathered < 0).any()):
+        if a.error_flag is not None:
+            a.error_flag[0] = int(a.gather_indices[(gathered < 0).nonzero()[0, 0]])
+    a.out.copy_(gathered)
+    a.out_sum.copy_(gathered.sum().reshape(a.out_sum.shape))
+    if a.host_out is not None:
+        write_host_row(a.host_out, gathered, a.out_sum.reshape(()), a.stamp, a.stamp_offset)
+    if a.poison and gathered.numel():
+        buf[a.gather_indices.long()] = -1
 
 
 @torch.library.custom_op(
@@ -280,51 +191,34 @@ def _publish_gather_op(
     error_flag: Optional[torch.Tensor],
     poison: bool,
 ) -> None:
-    impl = _launch if backend_for(buf.device) != "reference" else _reference_impl
-    impl(
-        buf,
-        gather_indices,
-        publish_indices,
-        publish_values,
-        out,
-        out_sum,
-        host_out,
-        error_flag,
-        poison,
-    )
+    a = Args(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out)
+    a = a._replace(error_flag=error_flag, poison=poison)
+    (launch_reference if backend_for(buf.device) == "reference" else launch_triton)(a)
 
 
 @_publish_gather_op.register_fake
-def _(
-    buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out, error_flag, poison
-):
+def _(*args):
     return None
 
 
-def _run(
-    impl,
-    buf,
-    gather_indices,
-    publish_indices,
-    publish_values,
-    out,
-    out_sum,
-    host_out,
-    poison,
-    validate,
-):
+_OPTIONS = frozenset(("out", "out_sum", "host_out", "poison", "validate"))
+
+
+def _run(impl, buf, gather_indices, publish_indices=None, publish_values=None, **options):
+    if not options.keys() <= _OPTIONS:
+        raise TypeError(
+            f"publish_gather got unexpected options {sorted(options.keys() - _OPTIONS)}"
+        )
+    out, out_sum, host_out = options.get("out"), options.get("out_sum"), options.get("host_out")
+    poison = bool(options.get("poison", False))
+    deep = bool(options.get("validate", False)) or poison
     checks.validate(
-        buf,
-        gather_indices,
-        publish_indices,
-        publish_values,
-        out,
-        out_sum,
-        host_out,
-        deep=validate or poison,
+        buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out, deep=deep
     )
     n = gather_indices.shape[0]
     m = 0 if publish_indices is None else publish_indices.shape[0]
+    gather_indices = gather_indices.contiguous()  # the kernel reads every input unstrided
+    pi, pv = (publish_indices.contiguous(), publish_values.contiguous()) if m else (None, None)
     if out is None:
         out = torch.empty((n,), dtype=buf.dtype, device=buf.device)
     if out_sum is None:
@@ -336,83 +230,33 @@ def _run(
         return PublishGatherResult(out, out_sum.reshape(()))
     flag = None
     if poison:
-        flag = torch.full((1,), NO_ERROR, dtype=torch.int64, pin_memory=buf.device.type == "cuda")
-        if buf.device.type != "cuda":
-            flag = flag.to(buf.device)
-    impl(
-        buf,
-        gather_indices,
-        publish_indices if m else None,
-        publish_values if m else None,
-        out,
-        out_sum,
-        host_out,
-        flag,
-        poison,
-    )
+        on_cuda = buf.device.type == "cuda"
+        flag = torch.full((1,), NO_ERROR, dtype=torch.int64, pin_memory=on_cuda)
+        flag = flag if on_cuda else flag.to(buf.device)
+    impl(buf, gather_indices, pi, pv, out, out_sum, host_out, flag, poison)
     result = PublishGatherResult(out, out_sum.reshape(()), flag)
-    if flag is not None and flag.device.type == "cpu" and buf.device.type == "cpu":
+    if flag is not None and buf.device.type == "cpu":
         result.raise_if_poisoned()  # free on CPU: raise at once, naming the slot
     return result
 
 
-def publish_gather(
-    buf,
-    gather_indices,
-    publish_indices=None,
-    publish_values=None,
-    *,
-    out=None,
-    out_sum=None,
-    host_out=None,
-    poison=False,
-    validate=False,
-):
+def publish_gather(buf, gather_indices, publish_indices=None, publish_values=None, **options):
     """``buf[publish_indices] = publish_values``, then ``seq_lens = buf[gather_indices]``
     and ``seq_lens_sum = seq_lens.sum()`` (and ``host_out = [*seq_lens, sum]``): one launch.
 
-    Bad input raises ``TypeError``/``ValueError`` naming the argument before anything is
-    written. Range and duplicate-slot checks run always on CPU, and on GPU under
-    ``poison=True`` or ``validate=True`` (they cost a device sync there). ``poison=True``
-    is SGLang's consume-once debug check: gathered rows become -1, and gathering a negative
-    row raises :class:`PoisonedSlotError` (at once on CPU; on GPU via
-    ``result.raise_if_poisoned()`` after a sync)."""
-    return _run(
-        lambda *a: _publish_gather_op(*a),
-        buf,
-        gather_indices,
-        publish_indices,
-        publish_values,
-        out,
-        out_sum,
-        host_out,
-        poison,
-        validate,
-    )
+    ``options``: ``out``, ``out_sum``, ``host_out`` (a pinned ``(n + 1,)`` int64 host
+    tensor on CUDA), ``poison`` (SGLang's consume-once debug check: gathered rows become
+    -1, gathering a negative row raises :class:`PoisonedSlotError` - at once on CPU, via
+    ``result.raise_if_poisoned()`` after a sync on GPU), ``validate``. Bad input raises
+    ``TypeError``/``ValueError`` naming the argument before anything is written; range and
+    duplicate-slot checks always run on CPU, and on GPU under ``poison`` or ``validate``
+    (they cost a device sync there)."""
+    return _run(_publish_gather_op, buf, gather_indices, publish_indices, publish_values, **options)
 
 
-def publish_gather_reference(
-    buf,
-    gather_indices,
-    publish_indices=None,
-    publish_values=None,
-    *,
-    out=None,
-    out_sum=None,
-    host_out=None,
-    poison=False,
-    validate=False,
-):
-    """Plain-torch twin of :func:`publish_gather`: same arguments, checks and results."""
-    return _run(
-        _reference_impl,
-        buf,
-        gather_indices,
-        publish_indices,
-        publish_values,
-        out,
-        out_sum,
-        host_out,
-        poison,
-        validate,
-    )
+def _reference(*args) -> None:
+    launch_reference(Args(*args))
+
+
+# The plain-torch twin of publish_gather: same arguments, checks and results.
+publish_gather_reference = partial(_run, _reference)

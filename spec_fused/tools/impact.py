@@ -1,65 +1,40 @@
-"""Where spec_fused helps, and where it changes nothing that matters: per release, attention
-backend and algorithm, what one relay step costs upstream and with spec_fused.
+"""Where spec_fused helps, and where it changes nothing that matters, per release, attention
+backend and algorithm.
 
-Why: upstream recovered most of PR #29232's regression by other means (the read-done WAR
-barrier, device-side FA3/FA4 page tables, DFLASH's sync-free decode). What is left for
-the relay to remove depends on whether the step's attention backends read host lengths
+Why: upstream recovered most of PR #29232's regression by other means. What is left for
+the relay depends on whether the step's attention backends read host lengths
 (``needs_cpu_seq_lens``): where every backend opts out, upstream's step is already
-GPU-only and the fused launch saves one launch and some host time; where one reads them,
-upstream copies the whole request pool to the host and blocks on it every step, and the
-fused launch replaces that with ``bs + 2`` values written by the launch itself.
+GPU-only and the fused launch saves launches and host µs; where one reads them, upstream
+copies the whole request pool to the host and blocks on it every step, and the fused
+launch writes ``bs + 2`` values instead. FlashInfer then blocks the host again in the same
+step (its planning copies), so there the saving is the copy's µs, not the host's wait.
 
-The facts below were read from each release's wheel (``layers/attention/*.py``, the
-attention registry, ``dflash_worker_v2.py``'s draft-backend choice, ``overlap_utils.py``)
-and are held to every tested release by ``tests/tools/test_impact.py``. ``doctor`` prints the
-installed release's rows, or one configuration's with SGLang's own flag names.
+Read from each release's wheel (``layers/attention/*.py``, ``dflash_worker_v2.py``'s draft
+backend, ``overlap_utils.py``) and held to every tested release by
+``tests/tools/test_impact.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from spec_fused.releases import parse
 
-__all__ = [
-    "Row",
-    "configuration",
-    "gpu_only",
-    "ranged_rows",
-    "release_rows",
-    "render_markdown",
-    "saving",
-]
+__all__ = ["Row", "configuration", "ranged_rows", "release_rows", "render_markdown"]
 
+_SHARD = "from 0.5.21, host lengths again with a KV-shard pool"
 # --attention-backend values that set needs_cpu_seq_lens=False, from the release that
-# first did (each entry supersedes the previous one), with any condition that turns the
-# need back on. Every other backend inherits the base class's True: it reads host lengths.
+# first did (later entries supersede), with the condition that turns it back on. Every
+# other backend inherits the base class's True.
 _GPU_ONLY = {
     "triton": [("0.5.15", "")],
     "trtllm_mha": [("0.5.15", "")],
-    "trtllm_mla": [
-        ("0.5.15", ""),
-        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
-    ],
-    "cutedsl_mla": [
-        ("0.5.15", ""),
-        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
-    ],
-    "tokenspeed_mla": [
-        ("0.5.15", ""),
-        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
-    ],
-    "fa3": [
-        ("0.5.15", "DFLASH only"),
-        ("0.5.16", ""),
-        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
-    ],
-    "fa4": [
-        ("0.5.15", "DFLASH only"),
-        ("0.5.16", ""),
-        ("0.5.21", "from 0.5.21, host lengths again with a KV-shard pool"),
-    ],
+    "trtllm_mla": [("0.5.15", ""), ("0.5.21", _SHARD)],
+    "cutedsl_mla": [("0.5.15", ""), ("0.5.21", _SHARD)],
+    "tokenspeed_mla": [("0.5.15", ""), ("0.5.21", _SHARD)],
+    "fa3": [("0.5.15", "DFLASH only"), ("0.5.16", ""), ("0.5.21", _SHARD)],
+    "fa4": [("0.5.15", "DFLASH only"), ("0.5.16", ""), ("0.5.21", _SHARD)],
     "flashmla": [("0.5.16", "")],
     "dsa": [
         ("0.5.15", ""),
@@ -74,17 +49,29 @@ _GPU_ONLY = {
     "qsa": [("0.5.20", "")],
     "dsv4": [("0.5.16", "on CUDA, unless online c128 MTP is on")],
 }
-# DFLASH's draft runner takes --speculative-draft-attention-backend, else the target's;
-# one it does not support falls back to flashinfer (dflash_worker_v2 / speculative_hook).
+# DFLASH's draft runner takes --speculative-draft-attention-backend, else the target's; one
+# it does not support falls back to flashinfer.
 _DFLASH_DRAFTS = [
     ("0.5.15", ("flashinfer", "fa3", "fa4", "triton", "ascend")),
     ("0.5.17", ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha")),
     ("0.5.20", ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")),
 ]
-_DRAFT_CAVEAT = {
-    "trtllm_mha": "kept for the draft only if its layers are all sliding-window "
-    "or it is causal, else flashinfer (from 0.5.17)"
-}
+# FlashInfer's own planning blocks the host in the same step: the multi-step draft copies
+# kv_indptr to the host (.cpu()), and a verify plan() copies qo/kv indptr (.to("cpu")).
+_FLASHINFER_BLOCKS = [
+    (
+        "0.5.15",
+        "FlashInfer blocks the host later in the step anyway (the EAGLE draft's "
+        "kv_indptr .cpu(), the verify plan()'s indptr copies): the saving is the copy's µs",
+    ),
+    (
+        "0.5.23",
+        "FlashInfer blocks the host later in the step anyway (the EAGLE draft's "
+        "kv_indptr .cpu() unless SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR=1; the verify plan() "
+        "unless SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN=1 with EAGLE top-k 1 and CUDA graphs, "
+        "or DFLASH under CUDA graphs): the saving is the copy's µs",
+    ),
+]
 
 
 def _at(release: str, entries: list):
@@ -96,9 +83,8 @@ def _at(release: str, entries: list):
     return found
 
 
-def gpu_only(release: str, backend: str, algorithm: str = "EAGLE") -> tuple:
-    """``(opts_out, note)``: whether ``backend`` sets ``needs_cpu_seq_lens=False`` at
-    ``release`` for ``algorithm``, and the condition that turns it back on."""
+def gpu_only(release: str, backend: str, algorithm: str = "EAGLE") -> tuple[bool, str]:
+    """``(opts_out, note)``: whether ``backend`` sets ``needs_cpu_seq_lens=False``."""
     note = _at(release, _GPU_ONLY.get(backend, []))
     if note is None:
         return False, ""
@@ -107,72 +93,21 @@ def gpu_only(release: str, backend: str, algorithm: str = "EAGLE") -> tuple:
     return True, note
 
 
-def _dflash_draft(release: str, target: str, draft: Optional[str]) -> tuple:
-    chosen = draft or target
-    supported = _at(release, _DFLASH_DRAFTS) or ()
-    if chosen not in supported:
-        return "flashinfer", f"the DFLASH draft falls back from {chosen} to flashinfer"
-    return chosen, _DRAFT_CAVEAT.get(chosen, "")
-
-
 @dataclass
 class Row:
     release: str
     backend: str
     algorithm: str
     needs_host_lengths: bool
-    notes: tuple
-    upstream: dict
-    spec_fused: dict
-    verdict: str
+    notes: list = field(default_factory=list)
 
-
-def _costs(needs_host: bool) -> tuple:
-    """Per relay step (publish + resolve) on CUDA: device ops, D2H bytes, host syncs and
-    what the host waits for; the WAR barrier is kept either way (no release from 0.5.15
-    on fences DFLASH's own writes). ``pool``: the request pool, ``bs``: the batch."""
-    if needs_host:
-        upstream = {
-            "device_ops": 3,
-            "d2h_bytes": "8·pool",
-            "host_syncs": 1,
-            "host_waits_for": "publish + a pool-sized D2H copy",
-            "barrier": True,
-        }
-        ours = {
-            "device_ops": 1,
-            "d2h_bytes": "8·(bs+2)",
-            "host_syncs": 1,
-            "host_waits_for": "publish + one small launch",
-            "barrier": True,
-        }
-    else:
-        upstream = {
-            "device_ops": 2,
-            "d2h_bytes": "0",
-            "host_syncs": 0,
-            "host_waits_for": "nothing",
-            "barrier": True,
-        }
-        ours = {
-            "device_ops": 1,
-            "d2h_bytes": "0",
-            "host_syncs": 0,
-            "host_waits_for": "nothing",
-            "barrier": True,
-        }
-    return upstream, ours
-
-
-HELPS = (
-    "helps: no pool-sized D2H copy (8·pool bytes become 8·(bs+2) written by the "
-    "launch) and one launch instead of three; the host still waits for the publish"
-)
-NOTHING = (
-    "spec_fused changes nothing that matters here: upstream's step is already "
-    "GPU-only (no copy, no host sync); the fused launch saves one launch and a few "
-    "host µs per step"
-)
+    @property
+    def verdict(self) -> str:
+        if not self.needs_host_lengths:
+            return "nothing that matters: upstream is GPU-only here (2 device ops → 1)"
+        if "flashinfer" in self.backend or any("FlashInfer" in n for n in self.notes):
+            return "the 8·pool-byte D2H copy and 2 device ops; the host still waits later"
+        return "the 8·pool-byte D2H copy and 2 device ops; the host waits for one launch"
 
 
 def configuration(
@@ -183,142 +118,84 @@ def configuration(
     draft_backend: Optional[str] = None,
     two_batch_overlap: bool = False,
 ) -> Row:
-    """The row for one configuration, in SGLang's own terms (``--attention-backend``,
-    ``--speculative-algorithm``, ``--speculative-draft-attention-backend``,
-    ``--enable-two-batch-overlap``)."""
-    algorithm = algorithm.upper()
-    if algorithm == "NEXTN":
-        algorithm = "EAGLE"
-    notes = []
-    _, note = gpu_only(release, backend, algorithm)
-    if note:
-        notes.append(f"{backend}: {note}")
+    """The row for one configuration, in SGLang's own flag terms."""
+    algorithm = "EAGLE" if algorithm.upper() == "NEXTN" else algorithm.upper()
+    row = Row(release, backend, algorithm, False)
     backends = [backend]
     if algorithm in ("DFLASH", "DSPARK"):
-        draft, why = _dflash_draft(release, backend, draft_backend)
-        backends.append(draft)
-        if why:
-            notes.append(why)
+        chosen = draft_backend or backend
+        if chosen not in (_at(release, _DFLASH_DRAFTS) or ()):
+            row.notes.append(f"the DFLASH draft falls back from {chosen} to flashinfer")
+            chosen = "flashinfer"
+        backends.append(chosen)
     elif draft_backend:
         backends.append(draft_backend)
-    needs_host = not all(gpu_only(release, b, algorithm)[0] for b in backends)
+    for b in dict.fromkeys(backends):
+        opts_out, note = gpu_only(release, b, algorithm)
+        row.notes += [f"{b}: {note}"] if note else []
+        row.needs_host_lengths |= not opts_out
     if algorithm == "NGRAM":
-        needs_host = True
-        notes.append("NGRAM forces host lengths on every backend")
+        row.needs_host_lengths = True
+        row.notes.append("NGRAM forces host lengths on every backend")
     if two_batch_overlap:
-        needs_host = True
-        notes.append("two-batch overlap forces host lengths")
-    upstream, ours = _costs(needs_host)
-    return Row(
-        release,
-        backend,
-        algorithm,
-        needs_host,
-        tuple(notes),
-        upstream,
-        ours,
-        HELPS if needs_host else NOTHING,
-    )
+        row.needs_host_lengths = True
+        row.notes.append("two-batch overlap forces host lengths")
+    if row.needs_host_lengths and "flashinfer" in backends:
+        row.notes.append(_at(release, _FLASHINFER_BLOCKS))
+    return row
 
 
 # The configurations the README's table and doctor's default listing show.
 TABLE_CONFIGS = [
-    ("fa3", "DFLASH", "Hopper's default for DFLASH"),
-    ("fa3", "EAGLE", "Hopper's default for EAGLE/EAGLE3 with top-k 1"),
-    ("trtllm_mha", "DFLASH", "PR #29232's own benchmark (draft: fa4)"),
-    ("flashinfer", "DFLASH", "a backend that reads host lengths"),
-    ("flashinfer", "EAGLE", "EAGLE/EAGLE3 with top-k > 1 (Hopper's default then)"),
-    ("triton", "EAGLE", ""),
-    ("fa3", "NGRAM", ""),
+    ("fa3", "DFLASH", None, "Hopper's default for DFLASH"),
+    ("fa3", "EAGLE", None, "Hopper's default for EAGLE/EAGLE3 with top-k 1"),
+    ("trtllm_mha", "DFLASH", "fa4", "PR #29232's own benchmark"),
+    ("flashinfer", "DFLASH", None, ""),
+    ("flashinfer", "EAGLE", None, "EAGLE with top-k > 1 (Hopper's default then)"),
+    ("triton", "EAGLE", None, ""),
+    ("fa3", "NGRAM", None, ""),
 ]
 
 
-def release_rows(release: str) -> list:
+def release_rows(release: str) -> list[Row]:
     rows = []
-    for backend, algorithm, why in TABLE_CONFIGS:
-        draft = "fa4" if (backend, algorithm) == ("trtllm_mha", "DFLASH") else None
+    for backend, algorithm, draft, why in TABLE_CONFIGS:
         row = configuration(release, backend, algorithm, draft_backend=draft)
-        if why:
-            row.notes = (why,) + row.notes
+        row.notes = [why, *row.notes] if why else row.notes
         rows.append(row)
     return rows
 
 
-def cells(costs: dict) -> str:
-    """One cost column: device ops / D2H bytes / host syncs / WAR barrier."""
-    barrier = "yes" if costs["barrier"] else "no"
-    return f"{costs['device_ops']} / {costs['d2h_bytes']} / {costs['host_syncs']} / {barrier}"
-
-
-def ranged_rows(releases) -> list:
-    """``[(release range, Row)]`` for :data:`TABLE_CONFIGS` over ``releases``, consecutive
-    releases with the same answer merged into one range."""
+def ranged_rows(releases) -> list[tuple[str, Row]]:
+    """``[(release range, Row)]`` for every configuration of the table, consecutive
+    releases with the same answer merged."""
     out = []
     for index in range(len(TABLE_CONFIGS)):
-        runs = []
+        runs: list = []
         for release in releases:
             row = release_rows(release)[index]
-            key = (row.needs_host_lengths, row.verdict)
-            if runs and runs[-1][2] == key:
+            if runs and runs[-1][2] == (row.needs_host_lengths, row.verdict):
                 runs[-1][1] = release
-                runs[-1][3].notes = tuple(dict.fromkeys(runs[-1][3].notes + row.notes))
+                runs[-1][3].notes = list(dict.fromkeys(runs[-1][3].notes + row.notes))
             else:
-                runs.append([release, release, key, row])
-        for first, last, _, row in runs:
-            out.append((first if first == last else f"{first} – {last}", row))
+                runs.append([release, release, (row.needs_host_lengths, row.verdict), row])
+        out += [(a if a == b else f"{a} – {b}", row) for a, b, _, row in runs]
     return out
 
 
-def saving(upstream: dict, ours: dict) -> str:
-    """What spec_fused saves on one relay step against upstream, from the two cost
-    columns: device ops, the D2H copy, and whether the host still waits."""
-    ops = upstream["device_ops"] - ours["device_ops"]
-    parts = [f"{ops} device op{'s' if ops != 1 else ''}"]
-    if upstream["d2h_bytes"] != ours["d2h_bytes"]:
-        parts.append(f"the {upstream['d2h_bytes']}-byte D2H copy")
-    saved = " and ".join(parts)
-    if upstream["host_syncs"] == ours["host_syncs"] == 0:
-        return f"{saved}; no host wait either way"
-    if upstream["host_syncs"] == ours["host_syncs"]:
-        return f"{saved}; the host still waits"
-    return f"{saved} and {upstream['host_syncs'] - ours['host_syncs']} host wait(s)"
-
-
 def render_markdown(ranged: list) -> str:
-    """The README's "what it changes on your server" table: per relay step on CUDA,
-    upstream -> spec_fused in device ops, D2H bytes and what the host waits for, and what
-    that saves; a line under it says whether the WAR barrier differs."""
+    """The README's table: per relay step on CUDA, upstream → spec_fused."""
     lines = [
-        "| SGLang | attention backend | algorithm | host lengths | device ops | "
-        "D2H bytes | host waits for | spec_fused saves per step | notes |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| SGLang | attention backend | algorithm | host lengths | spec_fused saves per step "
+        "| notes |",
+        "|---|---|---|---|---|---|",
     ]
-    barriers = set()
     for releases, r in ranged:
-        u, o = r.upstream, r.spec_fused
-        barriers.add((u["barrier"], o["barrier"]))
-        verdict = "helps" if r.needs_host_lengths else "nothing that matters"
+        read = (
+            "read: upstream copies 8·pool bytes and syncs" if r.needs_host_lengths else "opted out"
+        )
         lines.append(
-            f"| {releases} | {r.backend} | {r.algorithm} | "
-            f"{'read' if r.needs_host_lengths else 'opted out'} | "
-            f"{u['device_ops']} → {o['device_ops']} | "
-            f"{u['d2h_bytes']} → {o['d2h_bytes']} | "
-            f"{u['host_waits_for']} → {o['host_waits_for']} | "
-            f"**{verdict}**: {saving(u, o)} | {'; '.join(r.notes)} |"
+            f"| {releases} | {r.backend} | {r.algorithm} | {read} | {r.verdict} "
+            f"| {'; '.join(r.notes)} |"
         )
-    if barriers == {(True, True)}:
-        barrier = "Both keep SGLang's WAR barrier on every row."
-    else:
-        barrier = (
-            "The WAR barrier (upstream / spec_fused) differs by row: "
-            + ", ".join(
-                f"{'yes' if a else 'no'} / {'yes' if b else 'no'}" for a, b in sorted(barriers)
-            )
-            + "."
-        )
-    lines += [
-        "",
-        "Per relay step (publish + resolve) on CUDA, upstream → spec_fused; `pool`: "
-        "the request pool's slots, `bs`: the batch. " + barrier,
-    ]
     return "\n".join(lines)

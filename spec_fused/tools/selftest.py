@@ -1,87 +1,62 @@
 """``spec-fused selftest``: correct here, and this much faster than SGLang here.
 
-Why: spec_fused's CUDA path may meet its first GPU on a user's server. Before serving,
-one command checks the installed device as the server would run the relay - the same
-SGLang, the same environment (``SPEC_FUSED_*`` included), the same backend - and prints
-a verdict with the figures behind it:
+Why: the CUDA path may meet its first GPU on a user's server. Before serving, one command
+checks the device as the server would run the relay - the installed SGLang, the same
+``SPEC_FUSED_*`` environment, the same backend - and prints a verdict with its figures:
 
-* the start-up canary's verdict (every launch variant against the torch reference);
-* correctness: random continuous-batching traces through the real SGLang ``FutureMap``,
-  patched against unpatched, EAGLE and DFLASH, ``needs_cpu_seq_lens`` 1 (exact host
-  lengths: on CUDA the private stream and the pinned ring) and 0 (none; and, where the
-  environment does not already choose, ``reserved`` and the barrier-free variant); on
-  CUDA the traces run SGLang's stream pattern, and the paths that must not sync run
-  under PyTorch's own detector (``torch.cuda.set_sync_debug_mode("error")``);
-* speed: per relay step, host µs and device µs (CUDA events) for upstream, spec_fused,
-  spec_fused through the normal launch, and one empty launch, at batch 1, 32, 256, 1024.
+* the start-up canary (every launch specialization against the torch reference);
+* correctness: random continuous-batching traces through SGLang's real ``FutureMap``,
+  patched against unpatched, EAGLE and DFLASH, ``needs_cpu_seq_lens`` 1 and 0; on CUDA in
+  SGLang's stream pattern, the GPU-only path under PyTorch's own sync detector;
+* speed: one relay step (publish + resolve) against SGLang's at batch 1 to 1024, host
+  time with ``torch.utils.benchmark`` and, on CUDA, device time with
+  ``triton.testing.do_bench``. On a CPU it times the production CPU path (the torch
+  reference), never the Triton interpreter.
 
-A relay that does not engage (a bad override, SGLang refusing it, a broken backend) or
-gives other lengths than SGLang is a failure and a non-zero exit, never a pass. On a CPU
-the kernel runs in the Triton interpreter: its times are printed, and said not to be GPU
-times.
+A relay that does not engage, or gives other lengths than SGLang, fails (exit 1).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import platform
 import statistics
 import time
 from typing import Optional
 
 import torch
 
-from spec_fused import settings
-
 __all__ = ["render", "run"]
 
 ALGORITHMS = ("EAGLE", "DFLASH")
 BATCHES = (1, 32, 256, 1024)
-# (needs_cpu_seq_lens, environment, every seed?): what the relay can run on this device.
-# The overridden ones run where the user's environment leaves the choice open, so a
-# user's own override is what gets checked, never replaced.
-CONFIGS = (
-    (True, {}, True),
-    (False, {}, True),
-    (False, {settings.HOST_SEQ_LENS.name: "reserved"}, False),
-    (False, {settings.HOST_SEQ_LENS.name: "reserved", settings.WAR_BARRIER.name: "0"}, False),
-)
 
 
-def _versions(device) -> dict:
-    from spec_fused.tools.doctor import versions
-
-    out = dict(versions())
-    out["device"] = (
-        torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or platform.machine()
-    )
-    return out
-
-
-def _plugin() -> dict:
+def _plugin() -> Optional[str]:
+    """Why the relay would not run here, or None."""
+    from spec_fused.caps import caps_for
     from spec_fused.integration import sglang_patch
+    from spec_fused.kernels.backend import ignored_force_backend
 
-    off = sglang_patch.disabled_by()
-    if off is not None:
-        return {
-            "ok": False,
-            "reason": f"{sglang_patch.ENV_DISABLE}={off}: spec_fused is "
-            f"disabled here, nothing it would run was checked",
-        }
+    if (off := sglang_patch.disabled_by()) is not None:
+        return f"SPEC_FUSED_DISABLE={off}: disabled here, nothing it would run was checked"
     try:
-        version = sglang_patch.check_supported()
+        sglang_patch.check_supported()
     except Exception as exc:  # UnsupportedSGLangError, or anything the probe tripped on
-        return {"ok": False, "reason": f"spec_fused would not load: {exc}"}
-    return {"ok": True, "reason": f"SGLang {version}: the patch applies"}
+        return f"spec_fused would not load: {exc}"
+    ignored = ignored_force_backend()
+    if ignored is not None:
+        return f"bad override: {ignored}"
+    try:
+        caps_for("EAGLE")  # reads SPEC_FUSED_WAR_BARRIER / SPEC_FUSED_HOST_SEQ_LENS
+    except ValueError as exc:
+        return f"bad override: {exc}"
+    return None
 
 
 @contextlib.contextmanager
 def _no_sync(device):
-    """PyTorch's own detector: any synchronizing CUDA op on these paths raises."""
+    """PyTorch's own detector: any synchronizing CUDA op on the path raises."""
     if device.type != "cuda":
         yield
         return
@@ -92,301 +67,171 @@ def _no_sync(device):
         torch.cuda.set_sync_debug_mode("default")
 
 
-def _configs():
-    """``CONFIGS`` less the overridden ones whose variables the environment sets."""
-    for needs_cpu, env, every_seed in CONFIGS:
-        if env and any(k in settings.source() for k in env):
-            continue
-        yield needs_cpu, env, every_seed
-
-
-def _correctness_case(algorithm, needs_cpu, seed, device, quick, env=None) -> dict:
-    from spec_fused.tools.traces import TraceConfig
+def _trace(algorithm: str, needs_cpu: bool, seed: int, device, quick: bool) -> dict:
+    """One random trace through the patched FutureMap, then through SGLang's own."""
+    from spec_fused.integration import sglang_patch
+    from spec_fused.relay import relay_for
+    from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace
 
     cfg = TraceConfig(
         seed=seed,
         pool=256,
         steps=20 if quick else 40,
         max_running=32,
-        p_mixed=0.0 if not needs_cpu else 0.15,
+        p_mixed=0.15 if needs_cpu else 0.0,
         verify_cycles=200_000 if device.type == "cuda" else 0,
     )
-    case = {
-        "algorithm": algorithm,
-        "needs_cpu_seq_lens": int(needs_cpu),
-        "seed": seed,
-        "env": dict(env or {}),
-    }
-    with settings.overridden(env):
-        return _check_trace(case, algorithm, needs_cpu, cfg, device)
-
-
-def _check_trace(case, algorithm, needs_cpu, cfg, device) -> dict:
-    from spec_fused import relay as relay_mod
-    from spec_fused.integration import sglang_patch
-    from spec_fused.tools.traces import make_future_map, run_trace
-
+    case = {"algorithm": algorithm, "needs_cpu_seq_lens": int(needs_cpu), "seed": seed}
     sglang_patch.apply()
     try:
         fm = make_future_map(algorithm, cfg, device=device, needs_cpu_seq_lens=needs_cpu)
-        relay = relay_mod.relay_for(fm)
+        relay = relay_for(fm)
         if relay is None:
-            lines = [m for m in _LOG.lines if "relay" in m or "refused" in m]
-            case.update(
-                ok=False, why="the relay did not engage" + (f": {lines[-1]}" if lines else "")
-            )
-            return case
-        case.update(
-            host_lengths=relay.host_seq_lens, variant=relay.variant, backend=relay.launcher.backend
-        )
+            return case | {"ok": False, "why": "the relay did not engage (see the log)"}
         exact = relay.gives_host_lengths(fm)
-        guard = contextlib.nullcontext if exact else (lambda: _no_sync(device))
+        case |= {"variant": relay.variant, "backend": relay.launcher.backend}
         try:
-            got = run_trace(fm, cfg, guard=guard)
+            got = run_trace(
+                fm, cfg, guard=contextlib.nullcontext if exact else lambda: _no_sync(device)
+            )
         except Exception as exc:  # a sync on a path that must not sync, or worse
-            case.update(ok=False, why=f"{type(exc).__name__}: {str(exc)[:300]}")
-            return case
-        case["direct_launch"] = relay.launcher.uses_direct_launch()
+            return case | {"ok": False, "why": f"{type(exc).__name__}: {str(exc)[:300]}"}
     finally:
         sglang_patch.remove()
-    # SGLang's own FutureMap on the same trace; where the relay gives exact host lengths
-    # on backends that opt out (an explicit "exact" claim), SGLang's as a backend that
-    # reads them would get them.
-    want = run_trace(
-        make_future_map(algorithm, cfg, device=device, needs_cpu_seq_lens=needs_cpu or exact), cfg
-    )
+    # SGLang's own, giving host lengths wherever the relay does (an explicit "exact" claim)
+    want = run_trace(make_future_map(algorithm, cfg, device=device, needs_cpu_seq_lens=exact), cfg)
     bad = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
-    if len(got) != len(want) or bad:
+    if bad or len(got) != len(want):
         step = bad[0] if bad else min(len(got), len(want))
-        case.update(
-            ok=False,
-            why=f"lengths differ from SGLang's at step {step} "
-            f"({want[step].kind if step < len(want) else '?'})",
-        )
-    else:
-        case.update(ok=True, steps=len(got), why="")
-    return case
+        return case | {"ok": False, "why": f"lengths differ from SGLang's at step {step}"}
+    return case | {"ok": True, "why": ""}
 
 
-def _speed(device, quick) -> list:
-    from spec_fused.tools import measure
+def _step(algorithm: str, device, needs_cpu: bool, batch: int, fused: bool):
+    """One relay step (publish + resolve) on a fresh FutureMap, as a closure; on CPU the
+    relay runs its production backend, the torch reference."""
+    from spec_fused.integration import sglang_patch
+    from spec_fused.relay import relay_for
+    from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
 
-    steps = (200 if not quick else 100) if device.type == "cuda" else 5
-    rounds = 5 if device.type == "cuda" else 2
-    names = ("upstream", "spec_fused", "spec_fused-jit", "floor-direct")
+    (sglang_patch.apply if fused else sglang_patch.remove)()
+    fm = make_future_map(
+        algorithm, TraceConfig(pool=4096, max_len=1), device=device, needs_cpu_seq_lens=needs_cpu
+    )
+    if fused and device.type == "cpu":
+        relay_for(fm).launcher.backend = "reference"
+    gen = torch.Generator().manual_seed(batch)
+    idx = (torch.randperm(4095, generator=gen)[:batch] + 1).to(device)
+    vals = torch.randint(1, 1 << 15, (batch,), generator=gen).to(device)
+    b = decode_batch(idx)
+
+    def step():
+        fm.publish(idx, vals)
+        fm.resolve_seq_lens_cpu(b)
+
+    return step
+
+
+def _speed(device, quick: bool) -> list:
+    """Host µs per relay step (``torch.utils.benchmark``, patched and unpatched in turn,
+    three rounds, median ratio) and device µs on CUDA (``triton.testing.do_bench``)."""
+    from torch.utils import benchmark
+
+    from spec_fused.integration import sglang_patch
+
     rows = []
     for needs_cpu in (False, True):
-        for batch in BATCHES:
-            providers = measure.build_providers("EAGLE", device, needs_cpu, batch, names=names)
-            host = measure.measure_cell(providers, device, rounds, steps, warmup=5)
-            for p in providers:
-                if p.patched is not None:
-                    measure.set_patched(p.patched)
-                dev_us = measure.device_us(p.step, steps, device)
-                measure.set_patched(False)
-                rows.append(
-                    {
-                        "provider": p.name,
-                        "needs_cpu_seq_lens": int(needs_cpu),
-                        "batch": batch,
-                        "host_us": statistics.median(host[p.name]),
-                        "device_us": dev_us,
-                    }
-                )
-    by = {(r["needs_cpu_seq_lens"], r["batch"], r["provider"]): r for r in rows}
-    for r in rows:
-        up = by[(r["needs_cpu_seq_lens"], r["batch"], "upstream")]
-        r["host_x_upstream"] = r["host_us"] / up["host_us"]
-        r["device_x_upstream"] = (
-            r["device_us"] / up["device_us"] if r["device_us"] and up["device_us"] else None
-        )
+        for batch in BATCHES[:2] if quick else BATCHES:
+            cell = {"needs_cpu_seq_lens": int(needs_cpu), "batch": batch, "host_us": {}}
+            for _ in range(3):
+                for name, fused in (("upstream", False), ("spec_fused", True)):
+                    step = _step("EAGLE", device, needs_cpu, batch, fused)
+                    step()  # warm: the relay is made, the kernel compiled
+                    t = benchmark.Timer("step()", globals={"step": step}).blocked_autorange(
+                        min_run_time=0.05
+                    )
+                    cell["host_us"].setdefault(name, []).append(t.median * 1e6)
+                    if device.type == "cuda":
+                        from triton.testing import do_bench
+
+                        cell.setdefault("device_us", {})[name] = do_bench(step) * 1e3
+            sglang_patch.remove()
+            cell["host_x"] = statistics.median(
+                f / u for f, u in zip(cell["host_us"]["spec_fused"], cell["host_us"]["upstream"])
+            )
+            rows.append(cell)
     return rows
-
-
-class _Log(logging.Handler):
-    """spec_fused's own log lines during the run (what a server would have logged)."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
-_LOG = _Log()
 
 
 def run(*, quick: bool = False, device: Optional[str] = None) -> dict:
     """Everything ``selftest`` checks, as one JSON-serialisable dict; ``ok`` is the
     verdict (the exit status is 0 exactly when it is True)."""
-    from spec_fused import log
-
-    logger = log.logger
-    _LOG.lines.clear()
-    log.reset()
-    logger.addHandler(_LOG)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
-        report = _run(quick, device)
-    finally:
-        logger.removeHandler(_LOG)
-        logger.setLevel(level)
-    report["log"] = list(dict.fromkeys(_LOG.lines))
-    return report
-
-
-def _run(quick: bool, device: Optional[str]) -> dict:
-    from spec_fused.kernels.backend import device_key, explain_backend, ignored_force_backend
-    from spec_fused.kernels.canary import canary, child_canary
+    from spec_fused.kernels.backend import device_key
+    from spec_fused.kernels.canary import canary
+    from spec_fused.tools.doctor import versions
+    from spec_fused.upstream import confidential_compute, debug_enabled
 
     t0 = time.perf_counter()
-    # One key per physical device: the verdict proven here is the one the relay reads.
-    device = torch.device(device_key(device or ("cuda" if torch.cuda.is_available() else "cpu")))
-    report = {
-        "device": str(device),
-        "versions": _versions(device),
-        "quick": quick,
-        "gpu_times": device.type == "cuda",
-    }
-    report["plugin"] = _plugin()
-    ignored = ignored_force_backend()
-    if report["plugin"]["ok"] and ignored is not None:
-        report["plugin"] = {"ok": False, "reason": f"bad override: {ignored}"}
-    if not report["plugin"]["ok"]:
-        report.update(ok=False, verdict=report["plugin"]["reason"])
-        return report
-    from spec_fused.upstream import debug_enabled
-
-    # As a server starts: the canary in a child process first (a fault costs the child),
-    # then in this one - each with what it cost here.
-    child = child_canary(device, debug=debug_enabled())
-    if child["fault"]:
-        report["canary"] = {"child": child, "describe": f"child process: {child['fault']}"}
-        report.update(
-            ok=False,
-            verdict=f"the fused kernel faulted here ({child['fault']}): "
-            f"a server leaves this device to SGLang's own relay",
-        )
-        return report
-    verdict = canary(device, debug=debug_enabled())  # as the server's prewarm runs it
-    report["canary"] = {
-        "backend": verdict.backend,
-        "direct": verdict.direct,
-        "cases": verdict.cases,
-        "notes": verdict.notes,
-        "seconds": verdict.seconds,
-        "child": child,
-        "describe": verdict.describe(),
-    }
-    report["backend"] = explain_backend(device)[1]
+    dev = torch.device(device_key(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    report: dict = {"device": str(dev), "versions": versions(), "gpu_times": dev.type == "cuda"}
+    refused = _plugin()
+    if refused is not None:
+        return report | {"ok": False, "verdict": refused}
+    verdict = canary(dev, debug=debug_enabled(), pinned=not confidential_compute())
+    report["canary"] = verdict.describe()
     seeds = (0, 1) if quick else (0, 1, 2, 3)
     report["correctness"] = [
-        _correctness_case(a, needs_cpu, s, device, quick, env)
-        for needs_cpu, env, every_seed in _configs()
-        for a in ALGORITHMS
-        for s in (seeds if every_seed else seeds[:1])
+        _trace(a, n, s, dev, quick) for n in (True, False) for a in ALGORITHMS for s in seeds
     ]
-    correct = all(c["ok"] for c in report["correctness"])
-    report["speed"] = _speed(device, quick) if correct else []
+    report["ok"] = all(c["ok"] for c in report["correctness"])
+    report["speed"] = _speed(dev, quick) if report["ok"] else []
     report["wall_s"] = round(time.perf_counter() - t0, 1)
-    report["ok"] = correct
-    report["verdict"] = _verdict(report)
+    report["verdict"] = _verdict(report, verdict.notes)
     return report
 
 
-# On CPU the figure is the backend's, not the kernel's speed: say which, and that the
-# interpreter's (TRITON_INTERPRET=1, milliseconds a launch) is a correctness run only.
-_CPU_TIMES = {
-    "interpreter": " - CPU times of the Triton interpreter (a correctness run, not speed; "
-    "without TRITON_INTERPRET a CPU server runs the torch reference), NOT GPU "
-    "times",
-}
-
-
-def _verdict(report: dict) -> str:
+def _verdict(report: dict, notes: list) -> str:
+    cases = report["correctness"]
     if not report["ok"]:
-        failed = [c for c in report["correctness"] if not c["ok"]]
+        failed = [c for c in cases if not c["ok"]]
         first = failed[0]
         return (
-            f"NOT correct here: {len(failed)} of {len(report['correctness'])} traces "
-            f"failed (first: {first['algorithm']}, needs_cpu_seq_lens="
-            f"{first['needs_cpu_seq_lens']}: {first['why']})"
+            f"NOT correct here: {len(failed)} of {len(cases)} traces failed (first: "
+            f"{first['algorithm']}, needs_cpu_seq_lens={first['needs_cpu_seq_lens']}: "
+            f"{first['why']})"
         )
-    ours = [r["host_x_upstream"] for r in report["speed"] if r["provider"] == "spec_fused"]
+    ratio = statistics.median(r["host_x"] for r in report["speed"])
+    where = "" if report["gpu_times"] else " (CPU: the production CPU path, the torch reference)"
     text = (
-        f"correct here ({len(report['correctness'])} traces equal SGLang's); host time "
-        f"per relay step {statistics.median(ours):.2f}x SGLang's (median over "
-        f"{len(ours)} cells)"
+        f"correct here ({len(cases)} traces equal SGLang's); host time per relay step "
+        f"{ratio:.2f}x SGLang's{where}"
     )
-    dev = [
-        r["device_x_upstream"]
-        for r in report["speed"]
-        if r["provider"] == "spec_fused" and r["device_x_upstream"]
-    ]
-    if dev:
-        text += f", device time {statistics.median(dev):.2f}x"
-    if not report["gpu_times"]:
-        text += _CPU_TIMES.get(
-            report["canary"]["backend"], " - CPU times of the torch reference, NOT GPU times"
-        )
-    if report["canary"]["notes"]:
-        text += f"; the canary stepped down: {'; '.join(report['canary']['notes'])}"
-    return text
+    return text + (f"; the canary stepped down: {'; '.join(notes)}" if notes else "")
 
 
 def render(report: dict) -> str:
-    v = report.get("versions", {})
+    v = report["versions"]
     out = [
-        f"spec_fused selftest on {report['device']} ({v.get('device')}): SGLang "
-        f"{v.get('sglang')}, torch {v.get('torch')}, triton {v.get('triton')}, driver "
-        f"{v.get('driver')}",
-        f"  plugin: {report['plugin']['reason']}",
+        f"spec_fused selftest on {report['device']}: SGLang {v['sglang']}, torch {v['torch']}, "
+        f"triton {v['triton']}, GPUs {v['gpus']}"
     ]
     if "canary" in report:
-        out.append(f"  canary: {report['canary']['describe']}")
-        out.append(f"  backend: {report.get('backend', '-')}")
-    cases = report.get("correctness", [])
-    if cases:
-        out += [
-            "",
-            "Correctness (random traces, patched vs SGLang's own FutureMap)",
-            "  algorithm  needs_cpu_seq_lens  host lengths  variant       result",
-        ]
-        for c in cases:
-            env = " ".join(f"{k}={v}" for k, v in c.get("env", {}).items())
-            out.append(
-                f"  {c['algorithm']:<9}  {c['needs_cpu_seq_lens']:<18}  "
-                f"{c.get('host_lengths', '-'):<12}  {c.get('variant', '-'):<12}  "
-                f"{'ok' if c['ok'] else 'FAIL: ' + c['why']}" + (f"  ({env})" if env else "")
-            )
-    if report.get("speed"):
-        unit = (
-            "µs"
-            if report["gpu_times"]
-            else "µs (CPU, interpreter: not GPU times; "
-            "the normal-launch and empty-launch rows are CUDA only)"
+        out.append(f"  canary: {report['canary']}")
+    for c in report.get("correctness", []):
+        result = "ok" if c["ok"] else f"FAIL: {c['why']}"
+        out.append(
+            f"  trace {c['algorithm']:<6} needs_cpu_seq_lens={c['needs_cpu_seq_lens']} seed "
+            f"{c['seed']}: {c.get('variant', '-')}, {c.get('backend', '-')}: {result}"
         )
-        out += [
-            "",
-            f"Speed per relay step, EAGLE ({unit}; x = ratio to SGLang's)",
-            "  ncsl  batch  provider        host        device",
-        ]
-        for r in report["speed"]:
-            dev = (
-                "-"
-                if r["device_us"] is None
-                else f"{r['device_us']:.1f} ({r['device_x_upstream']:.2f}x)"
-            )
-            out.append(
-                f"  {r['needs_cpu_seq_lens']:<4}  {r['batch']:<5}  {r['provider']:<14}"
-                f"  {r['host_us']:.1f} ({r['host_x_upstream']:.2f}x)  {dev}"
-            )
-    if report.get("log"):
-        out += ["", "spec_fused's log during the run"] + [f"  {m}" for m in report["log"]]
-    out += ["", f"=> {report['verdict']}"]
-    return "\n".join(out)
+    for r in report.get("speed", []):
+        host = {k: statistics.median(v) for k, v in r["host_us"].items()}
+        dev = r.get("device_us", {})
+        out.append(
+            f"  speed ncsl={r['needs_cpu_seq_lens']} bs={r['batch']:<5} host µs upstream "
+            f"{host['upstream']:.1f}, spec_fused {host['spec_fused']:.1f} ({r['host_x']:.2f}x)"
+            + (f"; device µs {dev['upstream']:.1f} -> {dev['spec_fused']:.1f}" if dev else "")
+        )
+    return "\n".join([*out, f"=> {report['verdict']}"])
 
 
 def dump(report: dict, path: str) -> None:

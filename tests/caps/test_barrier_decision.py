@@ -1,6 +1,6 @@
 """The WAR-barrier decision the patch makes, through SGLang's own ``_apply_war_barrier``,
-over every configuration: algorithm x ``needs_cpu_seq_lens`` x two-batch overlap x the
-worker's declaration x ``SPEC_FUSED_WAR_BARRIER`` x upstream's platform gate.
+over every configuration: algorithm x ``needs_cpu_seq_lens`` x the worker's declaration x
+``SPEC_FUSED_WAR_BARRIER`` x upstream's platform gate.
 
 The fast tier reads the installed release's ``Scheduler._apply_war_barrier`` out of its
 ``scheduler.py`` (tests/support/upstream_rules.py: same code, same fingerprint) so it needs no
@@ -13,7 +13,7 @@ import importlib.util
 import pytest
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.upstream_rules import (
-    BACKEND_TBO,
+    NEEDS_CPU,
     check_barrier_matrix,
     light_scheduler,
     make_scheduler,
@@ -39,11 +39,9 @@ def scheduler_cls(tmp_path_factory):
 
 
 @pytest.mark.parametrize("algorithm", list(SpeculativeAlgorithm), ids=lambda a: a.name)
-@pytest.mark.parametrize("needs_cpu, tbo", BACKEND_TBO)
-def test_barrier_matrix(scheduler_cls, algorithm, needs_cpu, tbo, monkeypatch):
-    check_barrier_matrix(
-        scheduler_cls, algorithm, needs_cpu=needs_cpu, tbo=tbo, monkeypatch=monkeypatch
-    )
+@pytest.mark.parametrize("needs_cpu", NEEDS_CPU)
+def test_barrier_matrix(scheduler_cls, algorithm, needs_cpu, monkeypatch):
+    check_barrier_matrix(scheduler_cls, algorithm, needs_cpu=needs_cpu, monkeypatch=monkeypatch)
 
 
 def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
@@ -69,51 +67,19 @@ def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
     assert len(lines) == 1 and "Scheduler._apply_war_barrier changed code" in lines[0]
 
 
-@pytest.mark.parametrize("tbo", [False, True])
-def test_two_batch_overlap_reaches_the_relay_from_the_servers_arguments(
-    scheduler_cls, tbo, monkeypatch
-):
-    """A worker that declares it needs no host lengths, on backends that opt out of them,
-    gets none - unless two-batch overlap is on, read the way the installed release reads
-    it: then exact, as upstream forces them (TBO splits batches on host lengths)."""
-    from types import SimpleNamespace
-
-    from support.upstream_rules import barrier_calls, make_scheduler, server_config
-
-    from spec_fused import relay as relay_mod
-    from spec_fused.tools.traces import TraceConfig, make_future_map
-
-    monkeypatch.delenv("SPEC_FUSED_WAR_BARRIER", raising=False)
-    algo = SpeculativeAlgorithm.EAGLE
-    with server_config(tbo=tbo, algorithm="EAGLE") as args:
-        fm = make_future_map(algo, TraceConfig(pool=16, max_len=8), needs_cpu_seq_lens=False)
-        sched = make_scheduler(
-            scheduler_cls, algo, fm, worker=SimpleNamespace(host_seq_lens="none"), server_args=args
-        )
-        barrier_calls(sched, True)
-        relay = relay_mod.relay_for(fm)
-    assert relay.host_seq_lens == ("exact" if tbo else "none"), relay.caps.explain()
-    if tbo:
-        assert relay.caps.host_source == "forced"
-        assert "two-batch overlap" in relay.caps.why_host()
-    else:
-        assert relay.caps.host_source == "worker"
-
-
 @pytest.mark.parametrize("worker_host", [None, "exact", "reserved", "none"])
-@pytest.mark.parametrize("needs_cpu, tbo", BACKEND_TBO)
+@pytest.mark.parametrize("needs_cpu", NEEDS_CPU)
 @pytest.mark.parametrize("algorithm", ["EAGLE", "DFLASH", "NGRAM"])
 def test_traces_under_the_filed_caps_match_upstream(
-    scheduler_cls, algorithm, needs_cpu, tbo, worker_host, monkeypatch
+    scheduler_cls, algorithm, needs_cpu, worker_host, monkeypatch
 ):
     """Not only the decision: a whole trace through the FutureMap whose caps the scheduler
-    filed (its worker's host-length claim, two-batch overlap as the release reads it)
-    equals upstream's. The reference is SGLang's own FutureMap given host lengths exactly
-    where the rule says the batch gets them: where its backends read them, and where a
-    worker said it plans with exact ones."""
+    filed (its worker's host-length claim) equals upstream's. The reference is SGLang's
+    own FutureMap given host lengths exactly where the rule says the batch gets them:
+    where its backends read them, and where a worker said it plans with exact ones."""
     from types import SimpleNamespace
 
-    from support.upstream_rules import barrier_calls, expected_host, make_scheduler, server_config
+    from support.upstream_rules import barrier_calls, expected_host, make_scheduler
 
     from spec_fused import relay as relay_mod
     from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace
@@ -126,22 +92,17 @@ def test_traces_under_the_filed_caps_match_upstream(
     worker = (
         SimpleNamespace() if worker_host is None else SimpleNamespace(host_seq_lens=worker_host)
     )
-    with server_config(tbo=tbo, algorithm=algorithm) as args:
-        sglang_patch.remove()
-        try:
-            want = run_trace(make_future_map(algo, cfg, needs_cpu_seq_lens=host_lengths), cfg)
-        finally:
-            sglang_patch.apply()
-        fm = make_future_map(algo, cfg, needs_cpu_seq_lens=needs_cpu)
-        barrier_calls(
-            make_scheduler(scheduler_cls, algo, fm, worker=worker, server_args=args), True
-        )
-        relay = relay_mod.relay_for(fm)
-        assert relay.host_seq_lens == expected_host(
-            algorithm, needs_cpu=needs_cpu, tbo=tbo, worker=worker_host
-        ), relay.caps.explain()
-        got = run_trace(fm, cfg)
-    assert got == want
+    sglang_patch.remove()
+    try:
+        want = run_trace(make_future_map(algo, cfg, needs_cpu_seq_lens=host_lengths), cfg)
+    finally:
+        sglang_patch.apply()
+    fm = make_future_map(algo, cfg, needs_cpu_seq_lens=needs_cpu)
+    barrier_calls(make_scheduler(scheduler_cls, algo, fm, worker=worker), True)
+    relay = relay_mod.relay_for(fm)
+    want_host = expected_host(algorithm, needs_cpu=needs_cpu, worker=worker_host)
+    assert relay.host_seq_lens == want_host, relay.caps.reason
+    assert run_trace(fm, cfg) == want
 
 
 def test_a_sticky_fault_while_deciding_the_barrier_escapes_naming_spec_fused(

@@ -25,27 +25,31 @@ def fresh_verdicts():
     backend_mod._verdicts.clear()
 
 
-def _canary(corrupt=None):
+def _launchers(monkeypatch, make):
+    """The canary builds its launchers with ``make(buf, **options)``."""
+    monkeypatch.setattr(canary_mod, "StepLauncher", make)
+
+
+def _canary(monkeypatch, corrupt=None):
     compiled = FakeCompiled(corrupt=corrupt)
-    return canary_mod.canary(
-        "cpu", make_launcher=lambda buf, backend: bound_launcher(buf, compiled, backend)
-    ), compiled
+    _launchers(monkeypatch, lambda buf, **kw: bound_launcher(buf, compiled, **kw))
+    return canary_mod.canary("cpu"), compiled
 
 
-def test_a_sound_launcher_passes_every_case_through_the_direct_launch():
-    verdict, compiled = _canary()
-    assert verdict.backend == "interpreter" and verdict.direct and not verdict.downgraded
+def test_a_sound_launcher_passes_every_case_through_the_direct_launch(monkeypatch):
+    verdict, compiled = _canary(monkeypatch)
+    assert verdict.backend == "interpreter" and verdict.direct and not verdict.notes
     assert verdict.cases == 2 * len(canary_mod.CASES)
     assert len(compiled.calls) == len(canary_mod.CASES)  # every per-step launch was direct
     assert "match the torch reference" in verdict.describe()
 
 
-def test_a_wrong_direct_launch_is_caught_and_the_normal_launch_used(caplog):
+def test_a_wrong_direct_launch_is_caught_and_the_normal_launch_used(monkeypatch, caplog):
     def off_by_one(out):
         out += 1
 
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        verdict, _ = _canary(corrupt=off_by_one)
+        verdict, _ = _canary(monkeypatch, corrupt=off_by_one)
     assert verdict.backend == "interpreter" and not verdict.direct
     assert len(verdict.notes) == 1 and "direct launch failed the canary" in verdict.notes[0]
     lines = [r.getMessage() for r in caplog.records if "start-up canary" in r.getMessage()]
@@ -53,17 +57,17 @@ def test_a_wrong_direct_launch_is_caught_and_the_normal_launch_used(caplog):
 
 
 def test_a_wrong_kernel_is_caught_and_the_reference_serves(monkeypatch, caplog):
-    real = kernel._launch
+    real = kernel.launch_triton
 
-    def wrong(buf, gather_indices, publish_indices, publish_values, out, *args, **kwargs):
-        compiled = real(buf, gather_indices, publish_indices, publish_values, out, *args, **kwargs)
-        out.mul_(2)
+    def wrong(a):
+        compiled = real(a)
+        a.out.mul_(2)
         return compiled
 
-    monkeypatch.setattr(kernel, "_launch", wrong)
+    monkeypatch.setattr(kernel, "launch_triton", wrong)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         verdict = canary_mod.canary("cpu")
-    assert verdict.backend == "reference" and verdict.downgraded
+    assert verdict.backend == "reference" and verdict.notes
     # The kernel is wrong, not the direct launch: one step down, one line, no blame on
     # the direct launch.
     assert len(verdict.notes) == 1 and "fused kernel failed the canary" in verdict.notes[0]
@@ -86,43 +90,44 @@ def test_a_wrong_kernel_is_caught_and_the_reference_serves(monkeypatch, caplog):
     assert got == want
 
 
-def test_a_launch_that_raises_is_caught_like_a_wrong_one():
+def test_a_launch_that_raises_is_caught_like_a_wrong_one(monkeypatch):
     def boom(out):
         raise ValueError("the launcher's own failure: bad argument 9")
 
-    verdict, _ = _canary(corrupt=boom)
+    verdict, _ = _canary(monkeypatch, corrupt=boom)
     assert not verdict.direct and "bad argument 9" in verdict.notes[0]
 
 
 def test_the_reference_needs_no_canary(monkeypatch):
     monkeypatch.setenv("SPEC_FUSED_FORCE_REFERENCE", "1")
     verdict = canary_mod.canary("cpu")
-    assert verdict.backend == "reference" and verdict.cases == 0 and not verdict.downgraded
+    assert verdict.backend == "reference" and verdict.cases == 0 and not verdict.notes
 
 
 def test_a_wrong_host_row_is_caught(monkeypatch):
     """The kernel's host-mirror store is checked too, not only the lengths."""
-    real = kernel._launch
+    real = kernel.launch_triton
 
-    def wrong_row(buf, gi, pi, pv, out, out_sum, host_out, *args, **kwargs):
-        compiled = real(buf, gi, pi, pv, out, out_sum, host_out, *args, **kwargs)
-        if host_out is not None and gi.numel():
-            host_out[0] += 5
+    def wrong_row(a):
+        compiled = real(a)
+        if a.host_out is not None and a.gather_indices.numel():
+            a.host_out[0] += 5
         return compiled
 
-    monkeypatch.setattr(kernel, "_launch", wrong_row)
+    monkeypatch.setattr(kernel, "launch_triton", wrong_row)
     verdict = canary_mod.canary("cpu")
     assert verdict.backend == "reference" and "host row" in verdict.notes[-1]
 
 
-def test_a_canary_that_cannot_set_up_proves_nothing_and_the_reference_serves(caplog):
+def test_a_canary_that_cannot_set_up_proves_nothing_and_the_reference_serves(monkeypatch, caplog):
     """Nothing checked is nothing proven: never a verdict of "direct launch" by default."""
 
-    def broken(buf, backend):
+    def broken(buf, **options):
         raise RuntimeError("CUDA error: out of memory")
 
+    _launchers(monkeypatch, broken)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        verdict = canary_mod.canary("cpu", make_launcher=broken)
+        verdict = canary_mod.canary("cpu")
     assert (verdict.backend, verdict.direct, verdict.cases) == ("reference", False, 0)
     assert verdict.notes == [
         "the fused kernel failed the canary (RuntimeError: CUDA error: "
@@ -140,31 +145,28 @@ def test_the_debug_canary_proves_the_poisoning_launcher_the_relay_builds():
 def test_the_debug_canary_catches_a_kernel_that_does_not_poison(monkeypatch):
     """Consume-once poisoning is part of what debug mode launches; a kernel that skips
     it leaves the buffer unlike the reference's."""
-    real = kernel._launch
-
-    def no_poison(buf, gi, pi, pv, out, out_sum, host_out, flag, poison, *args, **kwargs):
-        return real(buf, gi, pi, pv, out, out_sum, host_out, flag, False, *args, **kwargs)
-
-    monkeypatch.setattr(kernel, "_launch", no_poison)
+    real = kernel.launch_triton
+    monkeypatch.setattr(kernel, "launch_triton", lambda a: real(a._replace(poison=False)))
     assert canary_mod.canary("cpu").notes == []  # release mode does not poison
     backend_mod._verdicts.clear()
     verdict = canary_mod.canary("cpu", debug=True)
     assert verdict.backend == "reference"
-    assert "published buffer differs" in verdict.notes[0]
+    assert "published buffer" in verdict.notes[0]
 
 
-def test_the_verdict_says_direct_only_for_launches_that_went_direct():
+def test_the_verdict_says_direct_only_for_launches_that_went_direct(monkeypatch):
     """A launch hook (a profiler) makes the per-step path take the normal launch while
     nothing blocks the direct one: the verdict reports what ran, not what was allowed."""
     compiled = FakeCompiled()
 
-    def hooked(buf, backend):
-        launcher = bound_launcher(buf, compiled, backend)
+    def hooked(buf, **options):
+        launcher = bound_launcher(buf, compiled, **options)
         launcher._direct.ready = lambda: False  # as DirectLaunch.ready() with a hook set
         return launcher
 
-    verdict = canary_mod.canary("cpu", make_launcher=hooked)
-    assert verdict.backend == "interpreter" and not verdict.downgraded
+    _launchers(monkeypatch, hooked)
+    verdict = canary_mod.canary("cpu")
+    assert verdict.backend == "interpreter" and not verdict.notes
     assert not verdict.direct and compiled.calls == []
     assert verdict.describe().startswith("normal launch")
 

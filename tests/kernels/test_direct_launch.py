@@ -6,16 +6,13 @@ with Triton's calling convention whose ``run`` executes the very same kernel in 
 interpreter with the arguments it was handed: if StepLauncher packed them in the wrong
 order, or passed the wrong pointer, the lengths would come out wrong."""
 
-import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
-from support.fake_triton import N_ARGS, FakeCompiled, ReadyDirect
+from support.fake_triton import KERNEL, N_ARGS, FakeCompiled, cpu_direct
 from support.fake_triton import bound_launcher as _bound_launcher
 
-from spec_fused import log
-from spec_fused.kernels import direct_launch as launcher_mod
 from spec_fused.kernels import step_launcher
 from spec_fused.kernels.publish_gather import publish_gather_reference
 
@@ -78,68 +75,60 @@ def test_bad_input_on_the_lean_path_gets_the_checked_paths_error(bad, error, mat
     assert torch.equal(buf, before)
 
 
-def test_no_bound_kernel_means_the_normal_launch():
-    """The interpreter returns no compiled kernel: bind() says so and the normal path runs."""
-    bound, why = launcher_mod.bind(None, N_ARGS)
-    assert bound is None and "no compiled kernel" in why
+def test_no_compiled_kernel_blocks_the_direct_launch_for_the_normal_one():
+    """The interpreter returns no compiled kernel: bind() says so, once, and blocks."""
+    fast = cpu_direct()
+    assert fast.bind(None) is None and "no compiled kernel" in fast.blocked
 
 
 def test_bind_refuses_a_launcher_that_does_not_take_every_parameter():
-    bound, why = launcher_mod.bind(FakeCompiled(n_args=N_ARGS - 4), N_ARGS)
-    assert bound is None and "arguments" in why  # Triton < 3.3: constexprs left out
+    fast = cpu_direct()
+    assert fast.bind(FakeCompiled(n_args=N_ARGS - 4)) is None  # Triton < 3.3: no constexprs
+    assert "arguments" in fast.blocked
 
 
-def test_bind_refuses_an_unknown_triton(monkeypatch):
-    monkeypatch.setattr(launcher_mod, "triton_version", lambda: (3, 99))
-    bound, why = launcher_mod.bind(FakeCompiled(), N_ARGS)
-    assert bound is None and "outside the versions" in why
-    monkeypatch.setattr(launcher_mod, "triton_version", lambda: None)
-    assert launcher_mod.bind(FakeCompiled(), N_ARGS)[0] is None
-
-
-def _direct(monkeypatch, device=0, kernel=None):
-    fast = launcher_mod.DirectLaunch(0, kernel)
-    # A CPU torch has no CUDA accessors; stand them in, keep the real hook knobs.
-    fast.blocked = None
-    fast._runtime = launcher_mod._knobs.runtime
-    fast._is_compiling = torch.compiler.is_compiling
-    fast._get_device = lambda: device
-    fast.raw_stream = lambda index: 0
-    return fast
-
-
-def test_fast_launch_is_ready_with_no_hooks_and_not_otherwise(monkeypatch, caplog):
+def test_the_direct_launch_is_ready_with_no_hooks_and_not_otherwise(monkeypatch, caplog):
     from triton import knobs
 
-    log.reset()
-    fast = _direct(monkeypatch)
+    fast = cpu_direct()
     assert fast.ready()
     chain = knobs.runtime.launch_enter_hook
     hook = lambda *a, **k: None  # noqa: E731 - a profiler's launch hook
     chain.add(hook)
     try:
-        with caplog.at_level(logging.INFO, logger="spec_fused"):
-            assert not fast.ready() and not fast.ready()
+        assert not fast.ready()
     finally:
         chain.remove(hook)
     assert fast.ready()
     monkeypatch.setattr(knobs.runtime, "launch_exit_hook", hook)  # replaced outright
     assert not fast.ready()
-    lines = [r.getMessage() for r in caplog.records if "launch hook" in r.getMessage()]
-    assert len(lines) == 1  # one line per cause, not per step
 
 
-def test_fast_launch_steps_aside_while_compiling_and_on_another_device(monkeypatch):
-    fast = _direct(monkeypatch)
-    monkeypatch.setattr(fast, "_is_compiling", lambda: True)
+def test_the_direct_launch_steps_aside_while_compiling_and_on_another_device(monkeypatch):
+    fast = cpu_direct()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not fast.ready()
-    assert not _direct(monkeypatch, device=1).ready()
+    monkeypatch.undo()
+    other = cpu_direct()
+    other._get_device = lambda: 1
+    assert not other.ready() and other.on_other_device()
 
 
-def test_fast_launch_is_blocked_for_an_unknown_triton(monkeypatch):
-    monkeypatch.setattr(launcher_mod, "triton_version", lambda: (4, 0))
-    fast = launcher_mod.DirectLaunch(0)
-    assert fast.blocked and not fast.ready()
+def test_a_direct_launch_that_raises_is_blocked_and_the_step_runs_normally(kernel_launches):
+    """Any surprise from Triton's compiled-kernel API: the normal launch, for good."""
+    buf = torch.zeros(16, dtype=torch.int64)
+    compiled = FakeCompiled()
+    launcher = _bound_launcher(buf, compiled)
+    idx = torch.tensor([1, 2])
+    launcher.launch(idx, idx, idx + 1, False)  # checked, binds
+
+    def moved(*args):
+        raise TypeError("run() takes 7 positional arguments")
+
+    launcher._direct.launch = moved
+    assert launcher.launch(idx, idx, idx + 5, False).tolist() == [6, 7]
+    assert launcher._direct.blocked.startswith("the direct launch failed (TypeError")
+    assert launcher.launch(idx, idx, idx + 9, False).tolist() == [10, 11]
 
 
 def test_a_launcher_whose_bound_path_is_not_ready_launches_normally(kernel_launches):
@@ -189,11 +178,10 @@ def test_an_empty_publish_does_not_stand_in_for_real_publish_pointers():
     assert (torch.int64, torch.int32, torch.int32, False) in launcher._seen
 
 
-def test_a_pre_run_hook_added_after_binding_sends_launches_the_normal_way(monkeypatch):
+def test_a_pre_run_hook_added_after_binding_sends_launches_the_normal_way():
     """Read live: Triton's ``add_pre_run_hook`` appends to the kernel's own list later."""
     hooks = []
-    fake_kernel = SimpleNamespace(pre_run_hooks=hooks)
-    fast = _direct(monkeypatch, kernel=fake_kernel)
+    fast = cpu_direct(kernel=SimpleNamespace(pre_run_hooks=hooks, arg_names=KERNEL.arg_names))
     assert fast.ready()
     hooks.append(lambda *a, **k: None)
     assert not fast.ready()
@@ -217,8 +205,8 @@ def test_a_normal_launch_from_another_current_device_runs_on_the_buffers(monkeyp
         def __exit__(self, *exc):
             return False
 
-    launcher._direct = ReadyDirect()
-    launcher._direct.on_other_device = lambda: True
+    launcher._direct = cpu_direct()
+    launcher._direct._get_device = lambda: 1
     monkeypatch.setattr(torch.cuda, "device", Device)
     out = launcher.launch_checked(torch.tensor([1, 2]), torch.tensor([2]), torch.tensor([5]), False)
     assert out.tolist() == [0, 5] and entered == [buf.device]

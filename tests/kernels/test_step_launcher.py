@@ -9,7 +9,7 @@ then remembers, ``launches`` counting device launches, DP-idle steps launching n
 
 import pytest
 import torch
-from support.fake_triton import FakeCompiled, ReadyDirect, bound_launcher
+from support.fake_triton import FakeCompiled, bound_launcher, cpu_direct
 
 from spec_fused.kernels import checks, step_launcher
 from spec_fused.kernels.checks import InputError, StaleHostMirrorError
@@ -58,7 +58,7 @@ def test_a_release_launcher_waits_once_for_a_row_not_yet_stamped():
 
 @pytest.mark.parametrize("debug", [True, False])
 def test_a_debug_launcher_never_waits_again(debug):
-    pg = StepLauncher(_buf(), backend="reference", debug=debug)
+    pg = StepLauncher(_buf(), backend="reference", validate=debug)
     pg.launch_checked(torch.tensor([1, 2]), None, None, True)
     pg.ring.np[pg.stamp & 1, -1] = -5
     waits = []
@@ -109,18 +109,18 @@ def test_one_full_check_then_none_through_the_direct_launch(monkeypatch):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
-    "pi_dtype, pv_dtype, per_step",
+    "pi_dtype, pv_dtype",
     [
-        (torch.int64, torch.int64, True),
-        (torch.int32, torch.int32, True),
-        (torch.int32, torch.int64, True),
-        (torch.int64, torch.int32, True),
-        (torch.int64, torch.int16, False),
-        (torch.int32, torch.int8, False),
+        (torch.int64, torch.int64),
+        (torch.int32, torch.int32),
+        (torch.int32, torch.int64),
+        (torch.int64, torch.int32),
+        (torch.int64, torch.int16),
+        (torch.int32, torch.int8),
     ],
 )
-def test_only_int32_and_int64_combinations_take_the_lean_path(
-    validations, backend, pi_dtype, pv_dtype, per_step
+def test_every_integer_combination_takes_the_per_step_path_after_one_check(
+    validations, backend, pi_dtype, pv_dtype
 ):
     buf = _buf()
     ref = buf.clone()
@@ -132,7 +132,7 @@ def test_only_int32_and_int64_combinations_take_the_lean_path(
         want = publish_gather_reference(ref, gi, pi, pv)
         assert pg.launch(gi, pi, pv, False).tolist() == want.seq_lens.tolist()
     assert torch.equal(buf, ref)
-    assert validations[id(buf)] == 1 + (1 if per_step else 3)
+    assert validations[id(buf)] == 1 + 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -221,10 +221,8 @@ def test_staged_host_indices_are_an_int64_copy_the_launch_gathers_through():
 
 
 def test_binding_a_compiled_kernel_takes_every_parameter():
-    pg = StepLauncher(_buf(), backend="interpreter")
-    pg._direct = ReadyDirect()
-    bound = pg._bind(FakeCompiled())
-    assert bound is not None and pg._direct.blocked is None
+    fast = cpu_direct()
+    assert fast.bind(FakeCompiled()) is not None and fast.blocked is None
 
 
 def test_the_bound_launch_writes_the_stamp_at_the_rows_end():
@@ -256,9 +254,8 @@ def test_sums_beyond_float_precision_are_exact(backend):
 
 
 # ----------------------------------------------------------------------------- CUDA binding
-# A CPU has no CUDA device: these pretend the buffer is on one (``_on_cuda``/``_on_cpu``/
-# ``_device_index``, what the launcher derived from ``buf.device`` when it was made) and
-# stand in for the CUDA-only pieces, to read what the launcher binds there.
+# A CPU has no CUDA device: these pretend the buffer is on one (``_on_cuda``, what the
+# launcher derived from ``buf.device``) to read what the launcher binds there.
 
 
 class _DirectLaunch:
@@ -269,8 +266,8 @@ class _DirectLaunch:
         self.blocked = why
 
 
-def _pretend_cuda(pg, device_index=0):
-    pg._on_cuda, pg._on_cpu, pg._device_index = True, False, device_index
+def _pretend_cuda(pg):
+    pg._on_cuda = True
     return pg
 
 
@@ -295,9 +292,9 @@ def test_compiled_triton_binds_a_direct_launch_unless_the_canary_disproved_it(
     monkeypatch.setattr(direct_launch, "DirectLaunch", _DirectLaunch)
     proven = None if verdict is None else backend_mod.Verdict("cuda:0", "triton", **verdict)
     monkeypatch.setattr(step_launcher, "verdict_for", lambda device: proven)
-    pg = _pretend_cuda(StepLauncher(_buf(), backend="reference"), device_index=3)
+    pg = _pretend_cuda(StepLauncher(_buf(), backend="reference"))
     pg.backend = "triton"
-    assert isinstance(pg._direct, _DirectLaunch) and pg._direct.device_index == 3
+    assert isinstance(pg._direct, _DirectLaunch) and pg._direct.device_index == -1
     assert pg._direct.blocked == blocked
     pg.backend = "reference"
     assert pg._direct is None
@@ -319,27 +316,19 @@ def test_the_host_ring_is_pinned_exactly_on_cuda(monkeypatch):
     assert pinned == [False, True]
 
 
-def test_on_cuda_the_guard_accepts_device_inputs_and_the_staged_copy_only():
-    """Gather indices on the buffer's device, or the launcher's own staged pinned copy;
-    publish indices and values on the buffer's device. A CPU tensor is on device -1, so
-    with the buffer pretended on device 0, CPU inputs stand for inputs on another device."""
+def test_the_guard_accepts_inputs_on_the_buffers_device_and_the_staged_copy_only():
+    """Gather indices on the buffer's device or the launcher's own staged (pinned) copy;
+    publish indices and values on the buffer's device. A meta tensor stands for a tensor
+    on another device."""
     pg = StepLauncher(_buf(), backend="reference")
-    staged = pg.stage_host_indices(torch.tensor([1, 2]))  # (pinned on a real CUDA buffer)
-    _pretend_cuda(pg, device_index=0)
-    elsewhere = torch.tensor([1, 2])
-    pg._seen[(torch.int64, False)] = "per-step"
-    pg._seen[(torch.int64, torch.int64, torch.int64, False)] = "per-step publish"
-    assert pg._guard(staged, None, None, False) == "per-step"
-    assert pg._guard(elsewhere, None, None, False) is _unseen()
-    assert pg._guard(staged, elsewhere, elsewhere, False) is _unseen()
-    pg._device_index = -1  # every CPU tensor is now "on the buffer's device"
-    assert pg._guard(elsewhere, elsewhere, elsewhere, False) == "per-step publish"
-
-
-def _unseen():
-    from spec_fused.kernels import step_launcher as mod
-
-    return mod._UNSEEN
+    staged = pg.stage_host_indices(torch.tensor([1, 2]))
+    elsewhere = torch.tensor([1, 2], device="meta")
+    here = torch.tensor([1, 2])
+    assert pg._key(staged, None, None, False) == (torch.int64, False)
+    assert pg._key(elsewhere, None, None, False) is None
+    assert pg._key(staged, elsewhere, elsewhere, False) is None
+    assert pg._key(here, here, here, True) == (torch.int64,) * 3 + (True,)
+    assert pg._key(torch.arange(4)[::2], None, None, False) is None  # read unstrided
 
 
 def test_the_reference_backend_never_runs_the_kernel(kernel_launches):
@@ -370,36 +359,19 @@ def test_in_the_steady_state_a_new_bad_combination_still_gets_the_full_check(bac
 
 def test_the_bound_launch_poisons_what_it_gathered_in_debug_mode():
     """Consume-once (debug): a gathered slot reads as consumed until it is published again,
-    through the bound direct launch as through the checked one."""
-    from support.fake_triton import N_ARGS
-
-    from spec_fused.kernels import direct_launch
+    through the direct launch as through the checked one."""
     from spec_fused.kernels.checks import PoisonedSlotError
 
     buf = _buf()
-    pg = StepLauncher(buf, poison=True, backend="interpreter")
-    pg._direct = ReadyDirect()
     compiled = FakeCompiled()
-    bound, why = direct_launch.bind(compiled, N_ARGS)
-    pg._bind = lambda _compiled: bound
-    pg.launch(torch.tensor([1, 2]), None, None, False)  # checked, binds
-    assert pg.launch(torch.tensor([3, 4]), None, None, False).tolist() == [103, 104]  # bound
+    pg = bound_launcher(buf, compiled, poison=True)
+    pg.launch_checked(torch.tensor([1, 2]), None, None, False)  # checked, binds
+    assert pg._launch(torch.tensor([3, 4]), None, None, False).tolist() == [103, 104]  # direct
     assert len(compiled.calls) == 1
     assert buf[[1, 2, 3, 4]].tolist() == [-1, -1, -1, -1]
     pg.launch(torch.tensor([5]), torch.tensor([3]), torch.tensor([33]), False)
     with pytest.raises(PoisonedSlotError):
         pg.launch_checked(torch.tensor([4]), None, None, False)
-
-
-def test_the_reference_step_gathers_through_staged_host_indices_on_cuda():
-    """On CUDA the reference moves the staged pinned indices to the device first; here the
-    buffer is only pretended on CUDA, so the move is to the CPU it already is on."""
-    buf = _buf()
-    pg = StepLauncher(buf, backend="reference")
-    staged = pg.stage_host_indices(torch.tensor([4, 2]))
-    pg.launch(staged, None, None, False)  # checked once
-    _pretend_cuda(pg, device_index=-1)
-    assert pg.launch(staged, None, None, False).tolist() == [104, 102]
 
 
 @pytest.mark.parametrize("backend", ["interpreter", "reference"])

@@ -1,6 +1,6 @@
-"""Every CUDA call the relay makes, in one object (``cuda_ops.CudaOps``): what it draws
-(high-priority streams, none of SGLang's, giving up once the pool was tried), which
-device it is bound to, what it records, and that a relay uses the ops it is handed.
+"""Every CUDA call the relay makes, in one object (``cuda_ops.CudaOps``): the private
+stream it draws, the device it is bound to, what it records, and that a relay uses the
+ops it is handed.
 
 A CPU has no CUDA: ``torch.cuda`` itself is stood in for so ``CudaOps`` can be read."""
 
@@ -29,25 +29,11 @@ class _CudaStub:
         return "current"
 
 
-def test_cuda_ops_draw_high_priority_streams_none_of_sglangs(monkeypatch):
-    stub = _CudaStub([1, 2, 1, 7])
+def test_the_private_stream_is_a_high_priority_stream_on_the_relays_device(monkeypatch):
+    stub = _CudaStub([7])
     monkeypatch.setattr(torch.cuda, "Stream", stub.Stream)
-    ops = cuda_ops.CudaOps("cuda:1")
-    stream = ops.new_stream({1, 2})
-    assert stream.cuda_stream == 7 and ops.handle(stream) == 7
-    assert stub.calls == [("Stream", torch.device("cuda:1"), -1)] * 4
-
-
-def test_cuda_ops_give_up_once_every_stream_of_the_pool_was_tried(monkeypatch):
-    """CUDA's pools hold 32 streams per priority: well past that, a distinct stream will
-    not come, and the relay is declined (SGLang's path runs) instead of looping."""
-    stub = _CudaStub([])
-    monkeypatch.setattr(torch.cuda, "Stream", stub.Stream)
-    with pytest.raises(
-        RuntimeError, match="^spec_fused: unable to allocate a stream distinct from SGLang's$"
-    ):
-        cuda_ops.CudaOps("cuda:0").new_stream({99})
-    assert len(stub.calls) > 32
+    assert cuda_ops.CudaOps("cuda:1").new_stream().cuda_stream == 7
+    assert stub.calls == [("Stream", torch.device("cuda:1"), -1)]
 
 
 def test_cuda_ops_current_stream_is_the_relays_devices(monkeypatch):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.fake_cuda import CFG as SMALL
-from support.fake_cuda import EXACT, direct_relay, messages, warm_publish_launch
+from support.fake_cuda import EXACT, direct_relay, messages
 
 from spec_fused import log
 from spec_fused import relay as relay_mod
@@ -46,10 +46,8 @@ def _patched_run(algo=EAGLE, cfg=CFG, before_trace=None):
 
 def _break_reference(monkeypatch, broken):
     """Both reference paths fail: the checked one and the launcher's per-step path."""
-    monkeypatch.setattr(pg, "_reference_impl", broken)
-    monkeypatch.setattr(
-        step_launcher.StepLauncher, "_launch_reference", lambda self, *args: broken()
-    )
+    monkeypatch.setattr(pg, "launch_reference", broken)
+    monkeypatch.setattr(step_launcher.StepLauncher, "_lean_reference", lambda self, *a: broken())
 
 
 def test_kernel_that_raises_falls_back_to_the_reference(monkeypatch, caplog, upstream):
@@ -59,7 +57,7 @@ def test_kernel_that_raises_falls_back_to_the_reference(monkeypatch, caplog, ups
         calls.append(1)
         raise RuntimeError("triton compile failed: out of resources")
 
-    monkeypatch.setattr(pg, "_launch", broken)
+    monkeypatch.setattr(pg, "launch_triton", broken)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         got, fm = _patched_run()
     assert got == upstream
@@ -74,7 +72,7 @@ def test_reference_that_raises_too_hands_back_to_sglang(monkeypatch, caplog, ups
     def broken(*args, **kwargs):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(pg, "_launch", broken)
+    monkeypatch.setattr(pg, "launch_triton", broken)
     _break_reference(monkeypatch, broken)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         got, fm = _patched_run()
@@ -88,7 +86,7 @@ def test_reference_that_raises_too_hands_back_to_sglang(monkeypatch, caplog, ups
 def test_failure_after_a_pending_publish_still_lands_it(monkeypatch, upstream):
     """The first resolve fails after earlier publishes were deferred: they must not be lost."""
     state = {"n": 0}
-    real_launch = pg._launch
+    real_launch = pg.launch_triton
 
     def flaky(*args, **kwargs):
         state["n"] += 1
@@ -96,14 +94,14 @@ def test_failure_after_a_pending_publish_still_lands_it(monkeypatch, upstream):
             raise RuntimeError("launch failed")
         return real_launch(*args, **kwargs)
 
-    monkeypatch.setattr(pg, "_launch", flaky)
+    monkeypatch.setattr(pg, "launch_triton", flaky)
     _break_reference(monkeypatch, lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
     got, _ = _patched_run()
     assert got == upstream
 
 
 def test_triton_missing_uses_the_reference(monkeypatch, upstream):
-    monkeypatch.setattr(backend_mod, "TRITON_AVAILABLE", False)
+    monkeypatch.setattr(backend_mod, "triton", None)
     assert backend_mod.backend_for("cpu") == "reference"
     got, fm = _patched_run()
     assert got == upstream and fm.__dict__[relay_mod.RELAY_ATTR].launcher.backend == "reference"
@@ -157,9 +155,8 @@ def test_a_future_map_that_cannot_be_relayed_says_why(monkeypatch, caplog):
 def test_algorithm_without_capabilities_runs_sglangs_path(caplog, monkeypatch):
     from spec_fused import caps as caps_mod
 
-    monkeypatch.setattr(
-        caps_mod, "_TABLE", {k: v for k, v in caps_mod._TABLE.items() if k != "EAGLE3"}
-    )
+    known = caps_mod.known_algorithms()
+    monkeypatch.setattr(caps_mod, "known_algorithms", lambda: [a for a in known if a != "EAGLE3"])
     algo = SpeculativeAlgorithm.EAGLE3
     want = run_trace(make_future_map(algo, CFG), CFG)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
@@ -174,11 +171,8 @@ def test_algorithm_without_capabilities_runs_sglangs_path(caplog, monkeypatch):
 def test_algorithms_without_capabilities_are_logged_once_each(monkeypatch, caplog):
     from spec_fused import caps as caps_mod
 
-    monkeypatch.setattr(
-        caps_mod,
-        "_TABLE",
-        {k: v for k, v in caps_mod._TABLE.items() if k not in ("EAGLE3", "STANDALONE")},
-    )
+    known = [a for a in caps_mod.known_algorithms() if a not in ("EAGLE3", "STANDALONE")]
+    monkeypatch.setattr(caps_mod, "known_algorithms", lambda: known)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         for algo in ("EAGLE3", "STANDALONE", "EAGLE3"):
             assert relay_mod.relay_for(make_future_map(algo, SMALL)) is None
@@ -189,7 +183,9 @@ def test_algorithms_without_capabilities_are_logged_once_each(monkeypatch, caplo
 
 
 def test_each_reason_is_logged_once(monkeypatch, caplog):
-    monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bad")))
+    monkeypatch.setattr(
+        pg, "launch_triton", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bad"))
+    )
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         sglang_patch.apply()
         try:
@@ -259,7 +255,7 @@ def test_the_launchers_own_errors_go_down_the_reference_rung(monkeypatch, caplog
     def broken(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(pg, "_launch", broken)
+    monkeypatch.setattr(pg, "launch_triton", broken)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         got, fm = _patched_run()
     assert got == upstream
@@ -283,28 +279,21 @@ def test_cpu_without_the_interpreter_serves_with_the_reference(monkeypatch, upst
 # -------------------------------------------------------------- one relay, driven directly
 
 
-def _failing_launch(relay, exc_factory):
-    calls = []
-
-    def launch(*args):
-        calls.append(args)
-        raise exc_factory()
-
-    relay._launch = launch
-    relay.launcher.launch = launch
-    relay.launcher.launch_checked = launch
-    return calls
-
-
 @pytest.mark.parametrize("backend", ["reference", "null"])
 def test_a_failing_reference_or_null_backend_is_not_retried(backend, caplog):
     relay, fm, _ = direct_relay(EXACT, ops=None)
     relay.launcher.backend = backend
-    calls = _failing_launch(relay, lambda: RuntimeError("boom"))
+    calls = []
+
+    def failing(*args):
+        calls.append(args)
+        raise RuntimeError("boom")
+
+    relay.launcher.launch = failing
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         with pytest.raises(RuntimeError, match="boom"):
-            relay._fall_back(RuntimeError("boom"), torch.tensor([1]), None, None, False)
-    assert calls == [] and relay.launcher.backend == backend
+            relay._launch(torch.tensor([1]), None, None, False)
+    assert len(calls) == 1 and relay.launcher.backend == backend
     assert not [m for m in messages(caplog) if "falling back" in m]
 
 
@@ -313,8 +302,12 @@ def test_each_kind_of_kernel_failure_is_logged_once_with_the_device(caplog):
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         for exc in (RuntimeError("boom"), RuntimeError("boom again"), KeyError("k")):
             relay.launcher.backend = "interpreter"
-            relay._bind_launch()
-            out = relay._fall_back(exc, torch.tensor([1]), None, None, False)
+
+            def failing(*args, exc=exc):
+                raise exc
+
+            relay.launcher.launch = failing
+            out = relay._launch(torch.tensor([1]), None, None, False)
             assert relay.launcher.backend == "reference"
             assert out.tolist() == fm.new_seq_lens_buf[1:2].tolist()
     assert [m for m in messages(caplog) if "falling back" in m] == [
@@ -335,10 +328,9 @@ def _break_kernel(monkeypatch, relay):
     from spec_fused.kernels import publish_gather as pg
 
     monkeypatch.setattr(
-        pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel broke"))
+        pg, "launch_triton", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("kernel broke"))
     )
     relay.launcher.backend = relay.launcher.backend  # drop anything bound to the kernel
-    relay._bind_launch()
 
 
 def test_an_exact_resolve_whose_kernel_fails_gets_its_lengths_from_the_reference(
@@ -365,21 +357,6 @@ def test_a_landing_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog
         relay.land_pending()
     assert relay.pending is None and fm.new_seq_lens_buf[1:3].tolist() == [10, 20]
     assert relay.launcher.backend == "reference" and messages(caplog) == [FALLING_BACK]
-
-
-def test_a_captured_publish_whose_kernel_fails_lands_on_the_reference(monkeypatch, caplog):
-    relay, fm, ops = direct_relay(EXACT)
-    warm_publish_launch(relay, fm, ops)
-    # the kernel the warmed variant launches now fails (the reference is pg's own)
-    monkeypatch.setattr(
-        relay.launcher, "_impl", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x"))
-    )
-    ops.capturing_now = True
-    with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        with ops.on(ops.forward):
-            relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
-    assert relay.launcher.backend == "reference" and fm.new_seq_lens_buf[4] == 40
-    assert len([m for m in messages(caplog) if "falling back" in m]) == 1
 
 
 def test_a_settled_int32_publish_lands_in_the_int64_buffer(caplog):

@@ -179,7 +179,7 @@ def test_an_explicit_exact_claim_gives_the_batch_host_lengths_on_opted_out_backe
     else:
         monkeypatch.setenv("SPEC_FUSED_HOST_SEQ_LENS", "exact")
     caps = relay_mod.future_map_caps(fm, worker=worker)
-    assert (caps.host_seq_lens, caps.host_source) == ("exact", how)
+    assert caps.host_seq_lens == "exact" and caps.exact_claimed
     relay = relay_mod.FusedRelay(fm, caps, debug=False, ops=None)
     assert relay.gives_host_lengths(fm)
     relay.publish(fm, torch.tensor([3, 5, 7]), torch.tensor([11, 4, 9]))
@@ -205,7 +205,7 @@ def test_no_claim_on_opted_out_backends_gives_the_batch_no_host_lengths(monkeypa
     "algo, needs_cpu, gives",
     [
         ("EAGLE", True, True),  # a backend reads host lengths: upstream gives them
-        ("NGRAM", False, False),  # exact caps, but this FutureMap (unlike a server's) says no
+        ("NGRAM", False, False),  # this FutureMap (unlike a server's) says no
         ("NGRAM", True, True),
     ],
 )
@@ -215,7 +215,7 @@ def test_unclaimed_exact_host_lengths_follow_upstreams_flag(algo, needs_cpu, giv
     monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
     fm = make_future_map(algo, CFG, needs_cpu_seq_lens=needs_cpu)
     caps = relay_mod.future_map_caps(fm)
-    assert caps.host_seq_lens == "exact"
+    assert (caps.host_seq_lens == "exact") is gives
     relay = relay_mod.FusedRelay(fm, caps, debug=False, ops=None)
     assert relay.gives_host_lengths(fm) is gives
     relay.publish(fm, torch.tensor([2]), torch.tensor([6]))

@@ -137,7 +137,9 @@ def test_null_backend_runs_the_path_without_device_work(monkeypatch):
 
 
 def test_the_ladder_never_falls_to_null(monkeypatch):
-    monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
+    monkeypatch.setattr(
+        pg, "launch_triton", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x"))
+    )
     log.reset()
     with patched_future_map(EAGLE, CFG) as fm:
         batch = _step(fm, [1, 2], [5, 6])
@@ -150,8 +152,8 @@ def test_doctor_shows_the_relay_backend(monkeypatch):
 
     monkeypatch.setenv("SPEC_FUSED_FORCE_BACKEND", "null")
     monkeypatch.setenv("SPEC_FUSED_BENCH", "1")
-    report = doctor.backends()
-    assert report["cpu"]["relay_backend"] == "null"
-    assert "benchmarks only" in report["cpu"]["relay_reason"]
+    report = doctor.devices()
+    assert report["cpu"]["backend"] == "null"
+    assert "no device work" in report["cpu"]["why"]
     monkeypatch.delenv("SPEC_FUSED_BENCH")
-    assert doctor.backends()["cpu"]["relay_backend"] != "null"
+    assert doctor.devices()["cpu"]["backend"] != "null"

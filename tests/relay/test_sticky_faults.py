@@ -60,7 +60,7 @@ def test_a_sticky_fault_in_a_relay_step_escapes_naming_spec_fused(
     relay = relay_mod.relay_for(fm)
     backend = relay.launcher.backend
     monkeypatch.setattr(
-        relay.launcher, "_impl", lambda *a, **k: (_ for _ in ()).throw(FAULTS[fault]())
+        relay.launcher, "_run", lambda *a, **k: (_ for _ in ()).throw(FAULTS[fault]())
     )
     with caplog.at_level(logging.ERROR, logger="spec_fused"):
         with pytest.raises(RuntimeError) as info:
@@ -101,7 +101,7 @@ def test_a_sticky_fault_while_landing_a_pending_publish_escapes(monkeypatch, cud
     fm.publish(torch.tensor([1]), torch.tensor([10]))
     relay = relay_mod.relay_for(fm)
     monkeypatch.setattr(
-        relay.launcher, "_impl", lambda *a, **k: (_ for _ in ()).throw(_triton_error())
+        relay.launcher, "_run", lambda *a, **k: (_ for _ in ()).throw(_triton_error())
     )
     with pytest.raises(RuntimeError) as info:
         _ = fm.new_seq_lens_buf  # another reader: the pending publish lands first
@@ -151,7 +151,9 @@ def upstream_traces():
 def test_a_recoverable_error_falls_back_with_the_lengths_intact(
     upstream_traces, monkeypatch, cuda_standin, error, needs_cpu
 ):
-    monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(RECOVERABLE[error]()))
+    monkeypatch.setattr(
+        pg, "launch_triton", lambda *a, **k: (_ for _ in ()).throw(RECOVERABLE[error]())
+    )
     fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=needs_cpu)
     assert run_trace(fm, CFG) == upstream_traces[needs_cpu]
     relay = fm.__dict__[relay_mod.RELAY_ATTR]
@@ -204,7 +206,7 @@ def test_an_in_process_canary_that_faults_escapes_instead_of_serving(monkeypatch
     from spec_fused.kernels import canary as canary_mod
 
     backend_mod._verdicts.clear()
-    monkeypatch.setattr(pg, "_launch", lambda *a, **k: (_ for _ in ()).throw(_triton_error()))
+    monkeypatch.setattr(pg, "launch_triton", lambda *a, **k: (_ for _ in ()).throw(_triton_error()))
     try:
         with pytest.raises(RuntimeError) as info:
             canary_mod.canary("cpu")

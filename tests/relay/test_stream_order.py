@@ -8,20 +8,14 @@ themselves run on CPU tensors (Triton interpreter), so the lengths are checked t
 resolve and publish, the landing of a pending publish, publishes under CUDA-graph capture,
 and the private stream's draw (never one of SGLang's)."""
 
-import contextlib
-import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
-from compat.expectations import expectation_for
 from support.fake_cuda import (
     EXACT,
     FakeOps,
-    FakeStream,
     direct_relay,
-    messages,
-    warm_publish_launch,
 )
 
 from spec_fused import log
@@ -155,16 +149,6 @@ def test_a_second_publish_orders_the_forward_behind_the_landed_first(fake):
 # ----------------------------------------------------------------------------- landing
 
 
-def test_a_landing_before_any_resolve_runs_on_a_stream_none_of_sglangs():
-    ops = FakeOps(relay_handles=(2, 5))  # the first draw aliases the forward stream (2)
-    relay, fm, _ = direct_relay(EXACT, ops=ops)
-    with ops.on(ops.forward):
-        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
-        relay.publish(fm, torch.tensor([1]), torch.tensor([11]))  # lands the first
-    ours = [e for e in ops.log if e[0].startswith("relay")]
-    assert ours and all(e[0] == "relay5" for e in ours)
-
-
 def test_a_landing_whose_future_map_is_gone_orders_behind_the_callers_stream():
     import gc
 
@@ -194,7 +178,7 @@ def test_fencing_keeps_the_pending_publishs_tensors_alive_on_the_callers_stream(
     with ops.on(ops.forward):
         relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
     ops.log.clear()
-    relay.fence_current_stream()
+    relay.fence_current_stream(*relay.pending)
     assert ops.log == [
         ("schedule", "wait_event", fm.publish_ready.name),
         ("schedule", "record_stream"),
@@ -205,24 +189,24 @@ def test_fencing_keeps_the_pending_publishs_tensors_alive_on_the_callers_stream(
 # ----------------------------------------------------------------------------- graph capture
 
 
-def test_a_publish_under_graph_capture_lands_at_once_in_the_capture(fake):
-    """The capture's ``publish_ready`` is an external event: recorded in the capture it
-    records at every replay, and eager waits on it after the capture stay valid."""
+def test_a_publish_under_graph_capture_is_sglangs_own(fake):
+    """SGLang (<= 0.5.23) never publishes under capture; were one to, a deferred write
+    would be made once, at capture, never at replay: SGLang's own publish runs it, as
+    shipped, and the relay stays."""
     ops, fm, relay = fake.ops, fake.fm, fake.relay
-    fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # lands it: publish-only
+    fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # lands what was pending
     ops.log.clear()
     ops.capturing_now = True
     with ops.on(ops.forward):
         fm.publish(torch.tensor([4]), torch.tensor([40]))
-    assert relay.pending is None  # never deferred: a deferred write would not replay
-    external = relay.capture_ready.name
-    assert external.startswith("external")
-    assert ops.log == [("forward", "launch", "device"), ("forward", "record", external)]
-    assert fm.publish_ready is relay.capture_ready
+    assert relay.pending is None and fm.__dict__[relay_mod.RELAY_ATTR] is relay
+    assert ops.log == [("forward", "record", fake.ready)]  # SGLang's scatter, its record
     assert fm.__dict__["new_seq_lens_buf"][4] == 40
 
 
 def test_a_publish_pending_when_capture_begins_lands_outside_it(fake):
+    """The pending publish lands on the private stream, and the capturing stream never
+    waits on an event recorded outside the capture."""
     ops, fm, relay = fake.ops, fake.fm, fake.relay
     ops.capturing_now = True
     with ops.on(ops.forward):
@@ -234,63 +218,9 @@ def test_a_publish_pending_when_capture_begins_lands_outside_it(fake):
         (relay_name, "record_stream"),
         (relay_name, "launch", "device"),  # the pending publish, outside the capture
         (relay_name, "record", fake.ready),
-        ("forward", "launch", "device"),  # the captured one, in it
-        ("forward", "record", relay.capture_ready.name),  # an external event
-    ]  # and no wait of the capturing stream on an event recorded outside the capture
+        ("forward", "record", fake.ready),  # SGLang's own publish, in the capture
+    ]
     assert fm.__dict__["new_seq_lens_buf"][[1, 2, 4]].tolist() == [10, 20, 40]
-
-
-def test_a_captured_publish_runs_on_the_kernel_and_logs_the_pending_one_once(caplog):
-    relay, fm, ops = direct_relay(EXACT)
-    backend = relay.launcher.backend
-    with caplog.at_level(logging.INFO, logger="spec_fused"):
-        for value in (10, 11):
-            with ops.on(ops.forward):
-                relay.publish(fm, torch.tensor([1]), torch.tensor([value]))  # pending
-            ops.capturing_now = True
-            with ops.on(ops.forward):
-                relay.publish(fm, torch.tensor([2]), torch.tensor([value + 10]))
-            ops.capturing_now = False
-    assert relay.launcher.backend == backend and relay.pending is None
-    assert fm.new_seq_lens_buf[1:3].tolist() == [11, 21]
-    assert messages(caplog) == [
-        "spec_fused: a publish pending when CUDA-graph capture began was landed outside the capture"
-    ]
-
-
-def test_a_captured_publish_of_a_variant_never_launched_is_sglangs_own(caplog):
-    """Nothing compiles, and no full check runs, inside a capture: a variant this
-    launcher has not launched eagerly before is left to SGLang's publish (here, float
-    values, which SGLang's own publish casts), and the kernel stays."""
-    relay, fm, ops = direct_relay(EXACT)
-    backend = relay.launcher.backend
-    ops.capturing_now = True
-    with caplog.at_level(logging.INFO, logger="spec_fused"):
-        with pytest.raises(relay_mod.HandToSGLang, match="publish under capture"):
-            with ops.on(ops.forward):
-                relay.publish(fm, torch.tensor([1]), torch.tensor([1.5]))
-    assert relay.launcher.backend == backend and relay.pending is None
-    assert ops.log == []  # not launched, not recorded: SGLang's publish does both
-    assert messages(caplog) == [
-        "spec_fused: a publish under CUDA-graph capture is "
-        "SGLang's own (its launch specialization was not compiled before "
-        "the capture)"
-    ]
-
-
-def test_a_captured_publish_arms_consume_once_as_upstreams_publish_does():
-    if not expectation_for().consume_once:
-        pytest.skip("this release's FutureMap has no consume-once flag (_publish_fresh, 0.5.16+)")
-    upstream_fm = make_future_map("EAGLE", CFG)
-    upstream_fm.publish(torch.tensor([4]), torch.tensor([40]))
-    relay, fm, ops = direct_relay(EXACT)
-    assert relay.consume_once_flag
-    warm_publish_launch(relay, fm, ops)
-    fm._publish_fresh = False
-    ops.capturing_now = True
-    with ops.on(ops.forward):
-        relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
-    assert fm._publish_fresh is upstream_fm._publish_fresh is True
 
 
 class _ScatteredByAGraph:
@@ -314,70 +244,6 @@ def test_relay_buffers_found_on_the_class_are_used():
     assert relay.pending is None and fm._buffers.published_seq_lens is None
 
 
-# ----------------------------------------------------------------------------- the private stream
-
-
-@contextlib.contextmanager
-def _published_on_the_forward(monkeypatch, relay_handles, publishes):
-    """A patched FutureMap whose relay draws its private stream from ``relay_handles``
-    (1 is the schedule stream's handle, 2 the forward's), after ``publishes`` made on the
-    forward stream."""
-    ops = FakeOps(relay_handles=relay_handles)
-    monkeypatch.setattr(relay_mod, "ops_for", lambda device: ops)
-    sglang_patch.apply()
-    try:
-        fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
-        with ops.on(ops.forward):
-            for slots, lens in publishes:
-                fm.publish(torch.tensor(slots), torch.tensor(lens))
-        yield ops, fm, relay_mod.relay_for(fm)
-    finally:
-        sglang_patch.remove()
-
-
-def test_the_private_stream_is_redrawn_when_it_is_one_of_sglangs(monkeypatch):
-    """CUDA hands streams out round-robin: the first one drawn aliases the schedule
-    stream here, so it is replaced by one that is none of SGLang's."""
-    with _published_on_the_forward(monkeypatch, (1, 2, 5), [([1], [10])]) as (ops, fm, relay):
-        assert relay.relay_stream.cuda_stream == 1  # the draw aliased the schedule stream
-        batch = decode_batch([1], CFG)
-        fm.resolve_seq_lens_cpu(batch)
-        assert relay.relay_stream.cuda_stream == 5  # neither schedule (1) nor forward (2)
-        assert batch.seq_lens_cpu.tolist() == [10]
-
-
-def test_the_private_stream_is_redrawn_when_it_is_futuremaps_d2h_stream():
-    ops = FakeOps(relay_handles=(7, 5))
-    fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=True)
-    fm.fwd_prepare_d2h_stream = FakeStream("d2h", ops.log, 7)
-    relay = relay_mod.FusedRelay(fm, EXACT, debug=False, ops=ops)
-    assert relay.relay_stream.cuda_stream == 7
-    with ops.on(ops.forward):
-        relay.publish(fm, torch.tensor([1]), torch.tensor([10]))
-    batch = decode_batch([1], CFG)
-    relay.resolve(fm, batch)
-    assert relay.relay_stream.cuda_stream == 5
-    assert batch.seq_lens_cpu.tolist() == [10] and batch.seq_lens_sum == 10
-
-
-def test_every_caller_stream_is_vetted_before_the_private_stream_runs_its_work(monkeypatch):
-    """The first use of the private stream may be a landing from the forward stream (two
-    publishes without a resolve); the schedule stream is vetted too, at its own first
-    use, and a private stream that aliases it is redrawn, ordered after the old one."""
-    with _published_on_the_forward(monkeypatch, (1, 5), [([1], [10]), ([2], [20])]) as (
-        ops,
-        fm,
-        relay,
-    ):
-        assert relay.relay_stream.cuda_stream == 1  # fine for the forward stream (2)
-        ops.log.clear()
-        batch = decode_batch([1, 2], CFG)
-        fm.resolve_seq_lens_cpu(batch)  # the schedule stream's first use
-        assert relay.relay_stream.cuda_stream == 5
-        assert ops.log[0] == ("relay5", "wait_stream", "relay1")  # after the old one's work
-        assert batch.seq_lens_cpu.tolist() == [10, 20]
-
-
 def test_landing_with_plain_torch_fences_before_it_forgets_the_publish(fake):
     """``land_with_torch`` (a hand-back's last landing) orders the caller's stream after
     ``publish_ready`` and keeps the pending publish's forward-stream tensors alive for it
@@ -391,18 +257,3 @@ def test_landing_with_plain_torch_fences_before_it_forgets_the_publish(fake):
         ("schedule", "record", fake.ready),
     ]
     assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][1:3].tolist() == [10, 20]
-
-
-def test_without_external_events_a_publish_under_capture_is_sglangs_own(fake):
-    """A torch with no ``Event(external=True)`` cannot give a capture a ``publish_ready``
-    that eager waits may use afterwards: SGLang's own publish runs it, as shipped."""
-    ops, fm, relay = fake.ops, fake.fm, fake.relay
-    fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # the variant is compiled
-    relay.capture_ready = None
-    ops.log.clear()
-    ops.capturing_now = True
-    with ops.on(ops.forward):
-        fm.publish(torch.tensor([4]), torch.tensor([40]))
-    assert relay.pending is None and fm.__dict__[relay_mod.RELAY_ATTR] is relay
-    assert ops.log == [("forward", "record", fake.ready)]  # SGLang's scatter, its record
-    assert fm.__dict__["new_seq_lens_buf"][4] == 40

@@ -87,20 +87,9 @@ class FakeOps:
         self._events += 1
         return FakeEvent(f"event{self._events}", self)
 
-    def external_event(self):
-        self._events += 1
-        return FakeEvent(f"external{self._events}", self)
-
-    def new_stream(self, avoid):
-        for handle in self._handles:
-            if handle not in avoid:
-                self._handles.remove(handle)
-                return FakeStream(f"relay{handle}", self.log, handle)
-        raise AssertionError("ran out of stand-in streams")
-
-    @staticmethod
-    def handle(stream):
-        return stream.cuda_stream
+    def new_stream(self):
+        handle = self._handles.pop(0)
+        return FakeStream(f"relay{handle}", self.log, handle)
 
     def record_stream(self, tensor, stream):
         self.log.append((stream.name, "record_stream"))

@@ -8,12 +8,13 @@ pointer, the lengths would come out wrong. ``corrupt`` plants a wrong launcher.
 
 from types import SimpleNamespace
 
-from spec_fused.kernels import direct_launch as launcher_mod
 from spec_fused.kernels import publish_gather as kernel
 from spec_fused.kernels import step_launcher
+from spec_fused.kernels.direct_launch import DirectLaunch
 
 KERNEL = kernel._publish_gather_kernel
 N_ARGS = len(KERNEL.arg_names)
+OUT = KERNEL.arg_names.index("out_ptr")
 
 
 class FakeCompiled:
@@ -33,41 +34,24 @@ class FakeCompiled:
         assert metadata is self.packed_metadata
         assert launch_metadata is None and enter is None and exit_ is None
         self.calls.append(stream)
-        *plain, has_host, has_stamp, poison, block = args
-        KERNEL[(1,)](*plain, HAS_HOST=has_host, HAS_STAMP=has_stamp, POISON=poison, BLOCK=block)
+        type(KERNEL).run(KERNEL, *args, grid=(1,), warmup=False)  # not the counted attribute
         if self.corrupt is not None:
-            self.corrupt(plain[9])  # out_ptr
+            self.corrupt(args[OUT])
 
 
-class ReadyDirect:
-    """DirectLaunch with every per-step condition met (a CPU has no CUDA device to ask)."""
-
-    blocked = None
-
-    def __init__(self):
-        self.ready_calls = 0
-
-    def ready(self):
-        self.ready_calls += 1
-        return True
-
-    def block(self, why):
-        self.blocked = why
-
-    @staticmethod
-    def on_other_device():
-        return False
-
-    @staticmethod
-    def raw_stream(index):
-        return 1234
+def cpu_direct(kernel=KERNEL, device=0) -> DirectLaunch:
+    """A real DirectLaunch, its CUDA accessors stood in (a CPU torch has none)."""
+    fast = DirectLaunch(device, kernel)
+    fast.blocked = None
+    fast._get_device = lambda: device
+    fast.raw_stream = lambda index: 1234
+    return fast
 
 
-def bound_launcher(buf, compiled, backend="interpreter"):
-    """A StepLauncher whose Triton specializations are bound to ``compiled`` (CPU stand-in)."""
-    launcher = step_launcher.StepLauncher(buf, backend=backend)
-    launcher._direct = ReadyDirect()
-    bound, why = launcher_mod.bind(compiled, N_ARGS)
-    assert bound is not None, why
-    launcher._bind = lambda _compiled: bound
+def bound_launcher(buf, compiled, backend="interpreter", **kwargs):
+    """A StepLauncher whose specializations bind to ``compiled`` (a CPU stand-in)."""
+    launcher = step_launcher.StepLauncher(buf, backend=backend, **kwargs)
+    launcher._direct = cpu_direct()
+    real_bind = launcher._direct.bind
+    launcher._direct.bind = lambda _compiled: real_bind(compiled)
     return launcher

@@ -4,9 +4,6 @@
   installed ``scheduler.py`` and put alone in a class, so the fast tier drives the patched
   barrier decision through upstream's own barrier code without importing the model stack
   (the heavy tier does the same on the real ``Scheduler`` class).
-* :func:`server_config` - two-batch overlap (and the algorithm) set the way the installed
-  release reads them: a ``ServerArgs``-like object for 0.5.15 ... 0.5.18, the published
-  runtime config bags from 0.5.19 on (``tests/compat/expectations.py`` says which).
 * :func:`expected_barrier` / :func:`expected_host` - what the decision must be, written as
   rules from upstream's behaviour and the documented policy, never computed by the code
   under test.
@@ -15,7 +12,6 @@
 from __future__ import annotations
 
 import ast
-import contextlib
 import importlib.util
 import textwrap
 import types
@@ -44,52 +40,39 @@ def expected_barrier(
     return not fences
 
 
+def _declared_host(algorithm: str, worker: Optional[str], env: Optional[str]) -> tuple:
+    """``(value, explicit)``: the last word on host lengths - the environment's, else the
+    worker's, else the table's (DFLASH "reserved", every other algorithm "exact")."""
+    if env is not None:
+        return env, True
+    if worker is not None:
+        return worker, True
+    return ("reserved" if algorithm == "DFLASH" else "exact"), False
+
+
 def expected_host(
-    algorithm: str,
-    *,
-    needs_cpu: bool,
-    tbo: bool,
-    worker: Optional[str] = None,
-    env: Optional[str] = None,
+    algorithm: str, *, needs_cpu: bool, worker: Optional[str] = None, env: Optional[str] = None
 ) -> str:
-    """What ``host_seq_lens`` must be. Upstream forces exact host lengths for NGRAM and
-    under two-batch overlap. A worker's own "exact" stands (it says it plans with them);
-    its "reserved"/"none" stands only where every backend opts out, for a backend that
-    reads host lengths must get them. With no worker claim, every backend opting out
-    means none (upstream's GPU-only path), anything else exact, as upstream (DFLASH's
-    bound is used upstream only where the backends opt out). An environment override
-    applies only where it is safe: exact always, anything less only where nothing forces
-    exact, the backends opt out, and the worker has not said it needs exact."""
-    forced = algorithm == "NGRAM" or tbo
-    if forced:
-        host = "exact"
-    elif worker == "exact":
-        host = "exact"
-    elif not needs_cpu:
-        host = worker or "none"
-    else:
-        host = "exact"
-    if env == "exact" or (env is not None and not forced and not needs_cpu and worker != "exact"):
-        host = env
-    return host
+    """What ``host_seq_lens`` must be. Upstream gives exact host lengths exactly where
+    the FutureMap's ``needs_cpu_seq_lens`` says (it folds the backends, two-batch overlap
+    and NGRAM in every release): anything less is refused there. Where it says no, an
+    explicit "exact" stands, a default "exact" becomes "none", and "reserved"/"none"
+    stand as declared (both mean no host lengths)."""
+    value, explicit = _declared_host(algorithm, worker, env)
+    if needs_cpu:
+        return "exact"
+    if value == "exact" and not explicit:
+        return "none"
+    return value
 
 
 def expected_refusals(
-    algorithm: str,
-    *,
-    needs_cpu: bool,
-    tbo: bool,
-    worker: Optional[str] = None,
-    env: Optional[str] = None,
+    algorithm: str, *, needs_cpu: bool, worker: Optional[str] = None, env: Optional[str] = None
 ) -> int:
-    """How many host-length claims must be refused (each logged once): a worker's
-    non-exact claim where a backend reads host lengths (NGRAM's forcing comes first, so
-    only an exact claim of its worker counts, and that is never refused), and an
-    environment override that is not safe."""
-    forced = algorithm == "NGRAM" or tbo
-    worker_refused = worker not in (None, "exact") and needs_cpu and algorithm != "NGRAM"
-    env_refused = env not in (None, "exact") and (forced or needs_cpu or worker == "exact")
-    return int(worker_refused) + int(env_refused)
+    """How many host-length claims must be refused (each logged once): an explicit
+    non-exact last word where upstream gives host lengths."""
+    value, explicit = _declared_host(algorithm, worker, env)
+    return int(explicit and value != "exact" and needs_cpu)
 
 
 # ----------------------------------------------------------------------- the scheduler
@@ -131,7 +114,7 @@ class StreamLog:
         self.calls.append(("wait_stream", stream))
 
 
-def make_scheduler(scheduler_cls, algorithm, future_map, *, worker=None, server_args=None):
+def make_scheduler(scheduler_cls, algorithm, future_map, *, worker=None):
     """An instance of SGLang's ``Scheduler`` (``__init__`` loads a model, so the fields
     ``_apply_war_barrier`` and the patch read are set by hand), with the forward's
     read-done event under both names SGLang gave it (0.5.15 ... 0.5.17
@@ -141,7 +124,6 @@ def make_scheduler(scheduler_cls, algorithm, future_map, *, worker=None, server_
     sched.spec_algorithm = algorithm
     sched.draft_worker = worker if worker is not None else SimpleNamespace()
     sched.future_map = future_map
-    sched.server_args = server_args
     runner = SimpleNamespace(
         shared_read_done_event="read-done", war_fastpath_read_done_event="read-done"
     )
@@ -158,45 +140,17 @@ def barrier_calls(sched, gate: bool) -> list:
     return sched.schedule_stream.calls
 
 
-# ----------------------------------------------------------------------- server config
-
-
-@contextlib.contextmanager
-def server_config(*, tbo: bool, algorithm: str = "EAGLE"):
-    """Two-batch overlap as the installed release reads it; yields the server arguments
-    to hand the scheduler (releases that read it from ``ServerArgs``)."""
-    args = SimpleNamespace(enable_two_batch_overlap=tbo, speculative_algorithm=algorithm)
-    if expectation_for().tbo_from != "exec":
-        yield args
-        return
-    from sglang.srt import runtime_context as rc
-
-    ctx = rc.get_context()
-    exec_bag = rc._ConfigBag("exec")
-    overlap = rc._ConfigBag("exec.overlap")
-    overlap._set("enable_two_batch_overlap", tbo)
-    exec_bag._set_sub("overlap", overlap)
-    spec_bag = rc._ConfigBag("spec")
-    spec_bag._set("speculative_algorithm", algorithm)
-    saved = ctx._config_bags
-    ctx._config_bags = {"exec": exec_bag, "spec": spec_bag}
-    try:
-        yield args
-    finally:
-        ctx._config_bags = saved
-
-
 # ----------------------------------------------------------------------- the barrier matrix
 
-# (needs_cpu_seq_lens, two-batch overlap): upstream forces host lengths under TBO, so a
-# FutureMap made under it always has needs_cpu_seq_lens=True.
-BACKEND_TBO = [(True, False), (False, False), (True, True)]
+# needs_cpu_seq_lens as the FutureMap received it (two-batch overlap and NGRAM fold into
+# it upstream, in every release)
+NEEDS_CPU = (True, False)
 DECLARATIONS = (None, True, False)  # the worker's own needs_war_barrier
 ENV_BARRIER = (None, "0", "1")
 
 
 def check_barrier_configuration(
-    scheduler_cls, algorithm, *, needs_cpu, tbo, worker, env, gate, monkeypatch, device="cpu"
+    scheduler_cls, algorithm, *, needs_cpu, worker, env, gate, monkeypatch, device="cpu"
 ):
     """One configuration on a patched ``Scheduler``: the effective
     ``_war_barrier_enabled``, what ``_apply_war_barrier`` then does, and the host lengths
@@ -209,28 +163,27 @@ def check_barrier_configuration(
     else:
         monkeypatch.setenv("SPEC_FUSED_WAR_BARRIER", env)
     worker_ns = SimpleNamespace() if worker is None else SimpleNamespace(needs_war_barrier=worker)
-    with server_config(tbo=tbo, algorithm=algorithm.name) as args:
-        fm = make_future_map(
-            algorithm, TraceConfig(pool=16, max_len=8), device=device, needs_cpu_seq_lens=needs_cpu
-        )
-        sched = make_scheduler(scheduler_cls, algorithm, fm, worker=worker_ns, server_args=args)
-        calls = barrier_calls(sched, gate)
-        relay = relay_mod.relay_for(fm)
+    fm = make_future_map(
+        algorithm, TraceConfig(pool=16, max_len=8), device=device, needs_cpu_seq_lens=needs_cpu
+    )
+    sched = make_scheduler(scheduler_cls, algorithm, fm, worker=worker_ns)
+    calls = barrier_calls(sched, gate)
+    relay = relay_mod.relay_for(fm)
     fences = expectation_for().fences
     speculative = algorithm.name != "NONE"
     want = expected_barrier(gate, worker, env, fences) if speculative else gate
-    where = (algorithm.name, needs_cpu, tbo, worker, env, gate)
+    where = (algorithm.name, needs_cpu, worker, env, gate)
     assert sched._war_barrier_enabled is want, where
     assert calls == ([("wait_event", "read-done")] if want else []), where
     if not speculative:
         assert relay is None
         return
-    want_host = expected_host(algorithm.name, needs_cpu=needs_cpu, tbo=tbo)
-    assert relay is not None and relay.host_seq_lens == want_host, (where, relay.caps.explain())
+    want_host = expected_host(algorithm.name, needs_cpu=needs_cpu)
+    assert relay is not None and relay.host_seq_lens == want_host, (where, relay.caps.reason)
 
 
 def check_barrier_matrix(
-    scheduler_cls, algorithm, *, needs_cpu, tbo, monkeypatch, device="cpu", gates=(True, False)
+    scheduler_cls, algorithm, *, needs_cpu, monkeypatch, device="cpu", gates=(True, False)
 ) -> None:
     """:func:`check_barrier_configuration` for every worker declaration x environment
     setting x platform gate."""
@@ -241,7 +194,6 @@ def check_barrier_matrix(
                     scheduler_cls,
                     algorithm,
                     needs_cpu=needs_cpu,
-                    tbo=tbo,
                     worker=worker,
                     env=env,
                     gate=gate,
