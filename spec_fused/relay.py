@@ -1,18 +1,14 @@
 """The fused length relay that stands in for ``FutureMap.publish`` + ``resolve_seq_lens_cpu``.
 
-Upstream publishes step N's lengths with a scatter on the forward stream and resolves step
-N+1's with an event wait, a gather and - where host lengths are needed - a D2H copy of the
-whole pool, a blocking synchronize and a host sum. Here ``publish`` only remembers what to
-write (and records ``publish_ready``, as upstream), and ``resolve`` issues ONE launch that
-publishes, gathers and sums:
+``publish`` only remembers what to write (and records ``publish_ready``, as upstream);
+``resolve`` issues ONE launch that publishes, gathers and sums:
 
-* no host lengths (``needs_cpu_seq_lens`` off, as upstream decides it): the caller's
-  stream waits for ``publish_ready`` on the device and the launch runs there;
-  ``seq_lens_cpu`` and ``seq_lens_sum`` are ``None``, as upstream leaves them.
+* no host lengths (``needs_cpu_seq_lens`` off): the caller's stream waits for
+  ``publish_ready`` on the device and the launch runs there, as upstream's GPU-only path.
 * exact host lengths: the launch runs on a private stream gated on ``publish_ready`` only
-  (it gathers through pinned host indices, so it does not queue behind the schedule
-  stream's WAR barrier) and writes ``bs + 1`` values into the pinned host ring; the host
-  waits for that launch alone, never for a pool-sized copy.
+  (it gathers through pinned host indices, so it does not queue behind the WAR barrier)
+  and writes ``bs + 1`` values into the pinned host ring; the host waits for that launch
+  alone, never for upstream's pool-sized copy and synchronize.
 
 A publish still pending when anything else reads ``new_seq_lens_buf`` lands first
 (:meth:`FusedRelay.land_pending`). A failing kernel steps down to the torch reference; a
@@ -48,11 +44,10 @@ RELAY_ATTR = "_spec_fused_relay"  # the live relay, or None where SGLang's path 
 DISABLED_ATTR = "_spec_fused_disabled"  # a relay handed back to SGLang, kept for inspection
 CAPS_ATTR = "_spec_fused_caps"  # set by the scheduler patch, which knows the worker
 BUF_ATTR = "new_seq_lens_buf"
-# A CPU relay's seq_lens_sum: up to this many lengths sum(tolist()) beats a torch sum's
-# dispatch (0.3-0.5 us against 1.5 us on the project's 2-core CPU; 2.6 us at 256).
-_PY_SUM_MAX = 64
-
 live_relays: weakref.WeakSet[FusedRelay] = weakref.WeakSet()  # remove() lands what is pending
+# A CPU relay's seq_lens_sum: up to this many, sum(tolist()) beats torch's (0.3-0.5 µs
+# against 1.5 µs on the project's 2-core CPU).
+_PY_SUM_MAX = 64
 # The caller's fault (bad input, raised before anything is written) or a caught bug
 # (SGLang's own debug assertions, the consume-once and stamp checks): raised as they are,
 # never a reason to change backend. Anything else - Triton's launcher raises ValueError
@@ -91,12 +86,9 @@ def future_map_caps(fm, *, worker=None) -> SpecCaps:
 class FusedRelay:
     """Per-FutureMap state: the pending publish, the launcher, the chosen variant.
 
-    Why each step allocates its ``(n,)`` result: it becomes ``batch.seq_lens``, which
-    SGLang keeps past the step, ordered by reference lifetime, not by a step count.
-    Why a consumed publish is kept one more step (``landed``): its tensors come from the
-    forward stream and the launch that reads them may run on another; holding them until
-    the next resolve keeps the caching allocator from reusing their blocks before the
-    next forward, which waits for that launch (what ``record_stream`` would give)."""
+    Why a consumed publish is kept one more step (``landed``): its forward-stream tensors
+    may be read on the private stream; held until the next resolve, the caching allocator
+    cannot reuse them before the next forward, which waits for that launch."""
 
     def __init__(self, future_map, caps: SpecCaps, *, debug: bool, ops=None):
         self.future_map_ref = weakref.ref(future_map)
@@ -108,13 +100,6 @@ class FusedRelay:
         # Under Confidential Computing SGLang turns pinned memory off: the kernel's
         # zero-copy host stores would fault or crawl, so exact host lengths are SGLang's.
         self.pinned_ok = not (self.on_cuda and confidential_compute())
-        if not self.pinned_ok:
-            log_once(
-                "cc",
-                "Confidential Computing (SGLang's own check): exact host lengths come "
-                "from SGLang's resolve; the fused launch serves the GPU-only steps",
-                level=logging.INFO,
-            )
         self.launcher = StepLauncher(
             buf,
             poison=debug,
@@ -145,17 +130,8 @@ class FusedRelay:
             self.launcher.ensure_host_ring()
 
     def gives_host_lengths(self, fm) -> bool:
-        """Whether a resolve of ``fm`` hands the batch exact host lengths: where upstream
-        does (``needs_cpu_seq_lens``), or where exact ones are claimed outright."""
+        """Where upstream gives them (``needs_cpu_seq_lens``), or claimed outright."""
         return self.caps.exact_claimed or (self.exact and bool(fm.needs_cpu_seq_lens))
-
-    @property
-    def launches(self) -> int:
-        return self.launcher.launches
-
-    def rebind(self, buf: torch.Tensor) -> None:
-        """FutureMap swapped its buffer (``_adopt_relay``): launch into the new one."""
-        self.launcher.rebind(buf)
 
     def step_name(self, what: str) -> str:
         """Which step a failure surfaced in, for the one line that names it."""
@@ -200,15 +176,12 @@ class FusedRelay:
             relay.published_seq_lens = None  # a captured verify graph already scattered
         else:
             self.pending = (indices, new_seq_lens)
-        event = fm.publish_ready  # as upstream: the event other readers gate on
-        if event is None:
-            event = fm.publish_ready = self._new_event()
-        event.record()
+        if fm.publish_ready is None:  # as upstream: the event other readers gate on
+            module = self.ops if self.on_cuda else torch.get_device_module(self.device)
+            fm.publish_ready = module.event() if self.on_cuda else module.Event()
+        fm.publish_ready.record()
         if self.consume_once_flag:
             fm._publish_fresh = True
-
-    def _new_event(self):
-        return self.ops.event() if self.on_cuda else torch.get_device_module(self.device).Event()
 
     def resolve(self, fm, batch) -> None:
         spec = batch.spec_info
@@ -219,7 +192,8 @@ class FusedRelay:
         event = fm.publish_ready
         exact = self.caps.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
         if exact and self.on_cuda:
-            gather = self._host_indices(batch, fi) if self.pinned_ok else None
+            host = getattr(batch, "req_pool_indices_cpu", None)  # upstream's FIXME: == fi
+            gather = self.launcher.stage_host_indices(host, fi) if self.pinned_ok else None
             if gather is None or event is None:
                 self._hand_back(event)
             self._consume_once(fm, event)
@@ -247,25 +221,17 @@ class FusedRelay:
 
     def _hand_back(self, event) -> NoReturn:
         """An exact step the private stream cannot gate on ``publish_ready`` alone is
-        SGLang's (no host indices matching ``future_indices``, no publish yet, or
-        Confidential Computing): the pending publish lands first, gated on
-        ``publish_ready`` only, and SGLang's resolve then waits for it, as upstream."""
-        why = (
-            "Confidential Computing"
-            if not self.pinned_ok
-            else "no publish yet"
-            if event is None
-            else "the batch has no host indices matching future_indices"
-        )
+        SGLang's: the pending publish lands first, then SGLang's resolve runs, as shipped."""
+        why = "no publish yet" if event is None else "no host indices matching future_indices"
         self.land_pending()
-        if self.pinned_ok:  # under CC the relay said so once, when it was made
+        if self.pinned_ok:  # under Confidential Computing the relay said so when it was made
             log_once(
                 ("hand-back", why),
                 "exact host lengths with %s: SGLang's own resolve runs such steps",
                 why,
                 level=logging.INFO,
             )
-        raise HandToSGLang(why)
+        raise HandToSGLang(why if self.pinned_ok else "Confidential Computing")
 
     def _resolve_exact_cuda(self, batch, gather, event) -> None:
         """The private stream, gated on ``publish_ready`` only, runs the launch that reads
@@ -294,70 +260,45 @@ class FusedRelay:
             batch.seq_lens_cpu, batch.seq_lens_sum = torch.empty(0, dtype=torch.int64), 0
 
     def _read_host(self, stamp, out, wait) -> tuple:
-        """This launch's row of the host ring; never an older step's lengths (in release
-        mode a stale row is read from the device instead, logged once per cause)."""
+        """This launch's host row; never an older step's lengths (in release mode a
+        stale row is read from the device instead, logged once per cause)."""
         try:
             return self.launcher.read_row(stamp, out.shape[0], wait=wait)
         except StaleHostMirrorError as exc:
             if self.debug:
                 raise
             log_once(("stale", exc.cause), "%s; reading this step's lengths from the device", exc)
-            lens = out.cpu()
-            return lens, int(lens.sum())
-
-    def _host_indices(self, batch, fi) -> Optional[torch.Tensor]:
-        """``fi`` as a pinned host tensor the kernel reads zero-copy, from the host indices
-        the batch carries (upstream's FIXME: fi == req_pool_indices): the launch then
-        waits for the publish only, not for the schedule stream and its WAR barrier."""
-        host = getattr(batch, "req_pool_indices_cpu", None)
-        if (
-            not isinstance(host, torch.Tensor)
-            or host.device.type != "cpu"
-            or host.shape != fi.shape
-            or host.is_floating_point()
-        ):
-            return None
-        view = self.launcher.stage_host_indices(host)  # the host waited for its last reader
-        if self.debug and not torch.equal(view, fi.cpu()):
-            raise AssertionError("batch.req_pool_indices_cpu differs from future_indices")
-        return view
+            return out.cpu(), int(out.sum())
 
     # ------------------------------------------------------------------ other readers
 
     def land_pending(self, fence: bool = True) -> None:
         """Land a pending publish now, as a publish-only launch. On CUDA it runs on the
-        private stream gated on ``publish_ready`` only, which is re-recorded right after
-        it: whoever gates on the event (``resolve_mixed_spec_tails``, the next resolve)
-        waits for the forward's publish point plus this launch, never for the schedule
-        stream. ``fence``: the caller's stream waits for the landed write too."""
+        private stream gated on ``publish_ready`` only, re-recorded right after it: whoever
+        gates on the event (``resolve_mixed_spec_tails``, the next resolve) waits for the
+        publish point plus this launch, never for the schedule stream. ``fence``: the
+        caller's stream waits for the landed write too."""
         if self.pending is None:
             return
         indices, values = self.pending
-        empty = self.launcher.buf[:0]
-        if not self.on_cuda:
-            self._launch(empty, indices, values, False)
-            self.pending = None  # only once it landed: a failure hands it to land_with_torch
-            return
-        fm = self.future_map_ref()
-        event = None if fm is None else fm.publish_ready
-        if event is not None:
-            self.relay_stream.wait_event(event)
-        else:
-            self.relay_stream.wait_stream(self.ops.current_stream())
-        for t in (indices, values):  # read on the private stream: keep them alive
-            self.ops.record_stream(t, self.relay_stream)
-        try:
+        if self.on_cuda:
+            fm, stream = self.future_map_ref(), self.relay_stream
+            if fm is not None and fm.publish_ready is not None:
+                stream.wait_event(fm.publish_ready)
+            else:
+                stream.wait_stream(self.ops.current_stream())
+            for t in self.pending:  # read on the private stream: keep them alive
+                self.ops.record_stream(t, stream)
             with self.relay_stream_ctx:
-                try:
-                    self._launch(empty, indices, values, False)
-                finally:
-                    self.pending = None
-                    if fm is not None:
-                        fm.publish_ready = fm.publish_ready or self.ops.event()
-                        fm.publish_ready.record(self.relay_stream)
-        finally:
+                self._launch(self.launcher.buf[:0], indices, values, False)
+                if fm is not None:
+                    fm.publish_ready = fm.publish_ready or self.ops.event()
+                    fm.publish_ready.record(stream)
             if fence:
                 self.fence_current_stream()
+        else:
+            self._launch(self.launcher.buf[:0], indices, values, False)
+        self.pending = None  # only once it landed: a failure leaves it to land_with_torch
 
     def land_with_torch(self) -> None:
         """Land a pending publish with plain torch (what upstream's publish does at once),
@@ -437,6 +378,13 @@ def relay_for(fm) -> Optional[FusedRelay]:
     if debug and not sglang_tracks_seq_lens() and getattr(fm, "_relay", None) is None:
         d[BUF_ATTR].fill_(-1)  # poisoned init, as upstream's debug mode
     d[RELAY_ATTR] = relay
+    if not relay.pinned_ok:
+        log_once(
+            "cc",
+            "Confidential Computing (SGLang's own check): exact host lengths come from "
+            "SGLang's resolve; the fused launch serves the GPU-only steps",
+            level=logging.INFO,
+        )
     ignored = ignored_force_backend()
     if ignored is not None:
         log_once(("force-backend", ignored), "%s", ignored)

@@ -16,7 +16,7 @@ pytestmark = [
 
 from spec_fused import log  # noqa: E402
 from spec_fused import relay as relay_mod  # noqa: E402
-from spec_fused.integration import sglang_patch  # noqa: E402
+from spec_fused.integration import sglang_patch, war_barrier  # noqa: E402
 from spec_fused.kernels import backend as backend_mod  # noqa: E402
 from spec_fused.kernels import canary as canary_mod  # noqa: E402
 from spec_fused.kernels import publish_gather as kernel  # noqa: E402
@@ -331,7 +331,7 @@ def test_the_barrier_read_from_the_patched_scheduler_on_a_gpu_relay(tmp_path, mo
 
     module = light_scheduler(tmp_path)
     patches = PatchSet()
-    sglang_patch._patch_scheduler(patches, module, sglang_patch._sglang_version())
+    war_barrier.patch(patches, module, sglang_patch._sglang_version())
     sglang_patch.apply()
     try:
         for algorithm in (SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.DFLASH):

@@ -117,7 +117,7 @@ def test_fused_relay_runs_beside_the_real_scheduler_module(patched_scheduler):
     sglang_patch.apply()
     fm = make_future_map("EAGLE", cfg)
     got = run_trace(fm, cfg)
-    assert got == want and relay_mod.relay_for(fm).launches > 0
+    assert got == want and relay_mod.relay_for(fm).launcher.launches > 0
 
 
 def test_scheduler_caps_reach_a_relay_made_earlier(patched_scheduler):

@@ -234,6 +234,9 @@ def _release_key(release: str):
 
 
 def check_module(
-    module, *, prefer: Optional[str] = None, tested: Optional[dict] = None
+    module, *, prefer: Optional[str] = None, tested: Optional[dict] = None, name=None
 ) -> CodeVerdict:
-    return verdict(module.__name__, installed_fingerprints(module), tested, prefer)
+    """The verdict on ``module``'s installed code, read as the module ``name`` (default:
+    its own name; a stand-in or a vendor's copy is held to the module it stands for)."""
+    name = name or module.__name__
+    return verdict(name, installed_fingerprints(module, CHECKED[name]), tested, prefer)

@@ -27,7 +27,6 @@ original, never a ``TypeError`` inside the scheduler loop.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass, field
 from typing import Optional
@@ -37,11 +36,11 @@ import torch
 from spec_fused import relay as _relay
 from spec_fused import settings
 from spec_fused.faults import raise_if_sticky
-from spec_fused.integration import code_check
+from spec_fused.integration import code_check, war_barrier
 from spec_fused.integration.hooks import PatchSet
 from spec_fused.kernels.backend import device_key
 from spec_fused.kernels.canary import canary
-from spec_fused.releases import TESTED_RELEASES, support_status
+from spec_fused.releases import support_status
 from spec_fused.upstream import confidential_compute, debug_enabled
 
 logger = logging.getLogger("spec_fused")
@@ -104,84 +103,42 @@ def _sglang_version() -> Optional[str]:
             return None
 
 
-def _require_params(version, owner, name, params):
-    fn = owner.__dict__.get(name)
-    if fn is None or not callable(fn):
-        raise UnsupportedSGLangError(
-            f"SGLang {version}: {owner.__name__}.{name} is missing; spec_fused supports the "
-            f"FutureMap API of SGLang {_range_text()}"
-        )
-    try:
-        names = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError) as exc:
-        raise UnsupportedSGLangError(
-            f"SGLang {version}: cannot read the signature of {owner.__name__}.{name}"
-        ) from exc
-    if names[: len(params)] != list(params):
-        raise UnsupportedSGLangError(
-            f"SGLang {version}: {owner.__name__}.{name}{tuple(names)} does not start with "
-            f"{tuple(params)}; spec_fused supports the API of SGLang {_range_text()}"
-        )
-    return names
-
-
-def _range_text() -> str:
-    return f"{TESTED_RELEASES[0]} to {TESTED_RELEASES[-1]}"
-
-
 def check_supported(overlap_utils=None) -> str:
-    """Return the SGLang version if spec_fused can patch it, else raise
-    :class:`UnsupportedSGLangError` naming the version and what is missing or changed.
+    """The SGLang version if spec_fused can patch it, else :class:`UnsupportedSGLangError`
+    naming the version and what is missing or changed: a release below the tested range
+    whatever its code, a FutureMap without the methods it patches, or functions that are
+    not, as a whole, a tested release's (``SPEC_FUSED_ALLOW_UNTESTED=1`` lets those run)."""
+    return _checked(overlap_utils)[0]
 
-    A release below the tested range is refused whatever its code. Otherwise the API
-    probe (the classes, methods and attributes the patch touches) must pass, and the
-    functions it patches must be, as a whole, those of a tested release
-    (:func:`verify_code`); ``SPEC_FUSED_ALLOW_UNTESTED=1`` lets other code run."""
+
+def _checked(overlap_utils=None) -> tuple[str, code_check.CodeVerdict]:
     version = _sglang_version()
     if version is None:
         raise UnsupportedSGLangError("SGLang is not installed")
     status = support_status(version)
     if status.refused:
         raise UnsupportedSGLangError(status.message)
-    if overlap_utils is None:
-        try:
-            import importlib
+    try:
+        import importlib
 
-            overlap_utils = importlib.import_module(OVERLAP_UTILS)
-        except Exception as exc:
-            raise UnsupportedSGLangError(
-                f"SGLang {version}: cannot import {OVERLAP_UTILS} ({type(exc).__name__}: {exc})"
-            ) from exc
+        overlap_utils = overlap_utils or importlib.import_module(OVERLAP_UTILS)
+    except Exception as exc:
+        raise UnsupportedSGLangError(
+            f"SGLang {version}: cannot import {OVERLAP_UTILS} ({type(exc).__name__}: {exc})"
+        ) from exc
     future_map = getattr(overlap_utils, "FutureMap", None)
     if not isinstance(future_map, type):
         raise UnsupportedSGLangError(f"SGLang {version}: {OVERLAP_UTILS}.FutureMap is missing")
-    _require_params(version, future_map, "publish", ("self", "future_indices", "new_seq_lens"))
-    _require_params(version, future_map, "resolve_seq_lens_cpu", ("self", "batch"))
-    if "resolve_mixed_spec_tails" in future_map.__dict__:
-        _require_params(version, future_map, "resolve_mixed_spec_tails", ("self", "batch"))
-    try:
-        init_src = inspect.getsource(future_map.__dict__["__init__"])
-    except (KeyError, OSError, TypeError):  # none of its own, or no source: refused below
-        init_src = None
-    for attr in ("new_seq_lens_buf", "needs_cpu_seq_lens", "publish_ready"):
-        if init_src is not None and attr not in init_src:
-            raise UnsupportedSGLangError(
-                f"SGLang {version}: FutureMap.__init__ no longer sets {attr!r}"
-            )
-    verify_code(version, overlap_utils)
-    return version
-
-
-def verify_code(version: str, module) -> code_check.CodeVerdict:
-    """The installed functions of ``module`` must be a tested release's; raise (or, with
-    ``SPEC_FUSED_ALLOW_UNTESTED=1``, warn and go on) otherwise."""
-    found = code_check.check_module(module, prefer=version)
-    if found.tested:
-        return found
-    message = f"SGLang {version}: {found.describe()}: not tested"
-    if settings.ALLOW_UNTESTED.on():
-        return found
-    raise UnsupportedSGLangError(f"{message}; set {ENV_ALLOW_UNTESTED}=1 to try it anyway")
+    for name in ("publish", "resolve_seq_lens_cpu"):
+        if not callable(getattr(future_map, name, None)):
+            raise UnsupportedSGLangError(f"SGLang {version}: FutureMap.{name} is missing")
+    found = code_check.check_module(overlap_utils, prefer=version, name=OVERLAP_UTILS)
+    if not found.tested and not settings.ALLOW_UNTESTED.on():
+        raise UnsupportedSGLangError(
+            f"SGLang {version}: {found.describe()}: not tested; set "
+            f"{ENV_ALLOW_UNTESTED}=1 to try it anyway"
+        )
+    return version, found
 
 
 # ---------------------------------------------------------------------------- hooks
@@ -226,11 +183,10 @@ def _make_publish(original):
             relay = relay_for(self)
         # Fused: no relay-less FutureMap, no confidence (DSPARK gates its own D2H on the
         # scatter), nothing SGLang's publish may have grown since, not a DP-idle publish.
-        if relay is None or args or kwargs or not future_indices.shape[0]:
-            if relay is None or args or not future_indices.shape[0] or not _no_confidence(kwargs):
-                if relay is not None:
-                    relay.land_pending()  # keep publish order when SGLang's path writes the buffer
-                return original(self, future_indices, new_seq_lens, *args, **kwargs)
+        if relay is None or args or not _no_confidence(kwargs) or not future_indices.shape[0]:
+            if relay is not None:
+                relay.land_pending()  # keep publish order when SGLang's path writes the buffer
+            return original(self, future_indices, new_seq_lens, *args, **kwargs)
         try:
             relay.publish(self, future_indices, new_seq_lens)
         except HandToSGLang:
@@ -350,7 +306,7 @@ def _buffer_property():
         self.__dict__[_relay.BUF_ATTR] = value
         relay = self.__dict__.get(_relay.RELAY_ATTR)
         if relay is not None:
-            relay.rebind(value)
+            relay.launcher.rebind(value)  # _adopt_relay: launch into the new buffer
         prewarm_for(self, value)  # FutureMap.__init__: compile and prove before serving
 
     return property(
@@ -359,89 +315,6 @@ def _buffer_property():
         doc="FutureMap.new_seq_lens_buf; a pending fused publish "
         "lands before anyone outside the relay reads it",
     )
-
-
-def _scheduler_caps(sched):
-    """The production decision for this scheduler's FutureMap, with its worker
-    (``draft_worker``, whose own declaration counts). None where the relay does not
-    engage (no speculation, a device it does not run on): SGLang's barrier then stays."""
-    algorithm = getattr(sched, "spec_algorithm", None)
-    if algorithm is None or not algorithm.is_some():
-        return None
-    future_map = getattr(sched, "future_map", None)
-    if future_map is None:
-        raise AttributeError("the scheduler has no future_map")
-    buf = future_map.__dict__.get(_relay.BUF_ATTR)
-    if buf is not None and _relay.unsupported_device(buf.device) is not None:
-        return None
-    caps = _relay.future_map_caps(future_map, worker=getattr(sched, "draft_worker", None))
-    future_map.__dict__[_relay.CAPS_ATTR] = caps
-    relay = future_map.__dict__.get(_relay.RELAY_ATTR)
-    if relay is not None:  # made before the scheduler knew its worker: update it
-        relay.set_caps(caps)
-    return caps
-
-
-def _war_barrier_property():
-    """``Scheduler._war_barrier_enabled`` = upstream's platform gate (set by
-    ``run_event_loop``: CUDA or SGLANG_ENABLE_WAR_BARRIER) AND the algorithm's need."""
-    key = "_spec_fused_war_barrier"
-
-    def getter(self):
-        d = self.__dict__
-        if key in d:
-            return d[key]
-        if "_war_barrier_enabled" in d:
-            return d["_war_barrier_enabled"]
-        raise AttributeError("_war_barrier_enabled")
-
-    def setter(self, platform_gate):
-        self.__dict__["_war_barrier_enabled"] = platform_gate
-        try:
-            caps = _scheduler_caps(self)
-        except Exception as exc:
-            raise_if_sticky(exc, "spec_fused's WAR-barrier decision (scheduler set-up)", logger)
-            _relay.log_once(
-                ("war-caps", type(exc).__name__),
-                "no capabilities for the WAR barrier decision (%s); keeping SGLang's",
-                str(exc).strip('"'),
-            )
-            caps = None
-        if caps is None:
-            self.__dict__.pop(key, None)
-            return
-        self.__dict__[key] = bool(platform_gate) and caps.needs_war_barrier
-        if platform_gate and not caps.needs_war_barrier:
-            _relay.log_once(
-                ("war-off", str(self.spec_algorithm)),
-                "WAR barrier off for %s (%s)",
-                getattr(self.spec_algorithm, "name", self.spec_algorithm),
-                caps.reason,
-                level=logging.WARNING,
-            )
-
-    return property(getter, setter)
-
-
-def _patch_scheduler(patches: PatchSet, module, version: str) -> None:
-    scheduler = getattr(module, "Scheduler", None)
-    if not isinstance(scheduler, type) or "_apply_war_barrier" not in scheduler.__dict__:
-        _relay.log_once(
-            "no-war",
-            "%s.Scheduler has no _apply_war_barrier; the WAR barrier stays as SGLang decides it",
-            SCHEDULER,
-        )
-        return
-    found = code_check.check_module(module, prefer=version)
-    if not found.tested and not settings.ALLOW_UNTESTED.on():
-        _relay.log_once(
-            "war-code",
-            "SGLang %s: %s: not tested; the WAR barrier stays as SGLang decides it",
-            version,
-            found.describe(),
-        )
-        return
-    patches.set_attr(scheduler, "_war_barrier_enabled", _war_barrier_property())
 
 
 # ---------------------------------------------------------------------------- public API
@@ -457,46 +330,36 @@ def apply() -> PatchReport:
     global _patches, _report
     if _patches is not None and _report is not None:
         return _report
-    off = disabled_by()
-    if off is not None:
+    if (off := disabled_by()) is not None:
         return PatchReport(False, _sglang_version(), reason=f"{ENV_DISABLE}={off}")
     import importlib
+    import sys
 
-    version = check_supported()
-    overlap_utils = importlib.import_module(OVERLAP_UTILS)
-    future_map = overlap_utils.FutureMap
+    version, found = _checked()
+    future_map = importlib.import_module(OVERLAP_UTILS).FutureMap
     patches = PatchSet()
-    report = PatchReport(True, version)
+    report = PatchReport(True, version, code=found.release or "")
     try:
         patches.replace(future_map, "publish", _make_publish)
         patches.replace(future_map, "resolve_seq_lens_cpu", _make_resolve)
         if "resolve_mixed_spec_tails" in future_map.__dict__:
             patches.replace(future_map, "resolve_mixed_spec_tails", _make_mixed_tails)
         patches.set_attr(future_map, _relay.BUF_ATTR, _buffer_property())
-        report.patched = list(patches.targets)
-        import sys
-
         if SCHEDULER not in sys.modules:
             report.deferred.append(f"{SCHEDULER}.Scheduler._war_barrier_enabled")
-        patches.after_import(SCHEDULER, lambda module: _patch_scheduler(patches, module, version))
-        if SCHEDULER in sys.modules:
-            report.patched = list(patches.targets)
+        patches.after_import(SCHEDULER, lambda module: war_barrier.patch(patches, module, version))
+        report.patched = list(patches.targets)
     except Exception:
         patches.undo()
         raise
     _patches, _report = patches, report
-    found = code_check.check_module(overlap_utils, prefer=version)
-    report.code = found.release or ""
     if not found.tested:
-        report.warning = (
-            f"SGLang {version}: {found.describe()}: not tested; running "
-            f"because {ENV_ALLOW_UNTESTED}=1"
-        )
+        report.warning = f"SGLang {version}: {found.describe()}: not tested; {ENV_ALLOW_UNTESTED}=1"
         logger.warning("spec_fused: %s", report.warning)
     elif found.release != version:
         logger.info(
-            "spec_fused: SGLang %s is not a listed release, but the code spec_fused "
-            "patches is %s's, which is tested: running",
+            "spec_fused: SGLang %s is not a listed release, but the code spec_fused patches "
+            "is %s's, which is tested: running",
             version,
             found.release,
         )

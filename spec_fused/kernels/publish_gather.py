@@ -1,11 +1,10 @@
 """One launch for the FutureMap relay: publish step N's lengths, gather step N+1's, sum them.
 
-Why fused: per speculative decode step upstream SGLang spends a scatter (and a cast), an
-event, a gather, a D2H copy of the *whole* ``new_seq_lens_buf`` pool, a blocking
-synchronize and a host sum, all for at most ``m + n`` int64 values. One Triton program
-does the scatter, then (``tl.debug_barrier``) the gather, the sum and, optionally, the
-host mirror: ``n + 1`` values stored straight into pinned memory. Laid out as SGLang's
-``gather_spec_extras``: the kernel, its one-call wrapper, a torch reference, the custom op.
+Why fused: per decode step upstream spends a scatter and cast, an event, a gather, a D2H
+copy of the *whole* pool, a blocking synchronize and a host sum, for ``m + n`` values. One
+program scatters, then (``tl.debug_barrier``) gathers, sums and stores the host mirror
+straight into pinned memory. Laid out as SGLang's ``gather_spec_extras``: the kernel, its
+one-call wrapper, a torch reference, the custom op.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ except Exception:  # pragma: no cover - exercised by the fallback-ladder tests
 
 __all__ = ["BLOCK", "Args", "PublishGatherResult", "publish_gather", "publish_gather_reference"]
 
-# One program: a batch above BLOCK loops inside the same launch. One BLOCK keeps the
-# compiled specializations few, so none is compiled while serving.
+# A batch above BLOCK loops in the same launch; one BLOCK keeps specializations few.
 BLOCK = 1024
 
 
@@ -67,7 +65,7 @@ _VARYING = "m n stamp stamp_offset".split()
 _PTRS = "pub_idx_ptr pub_val_ptr gat_idx_ptr out_ptr out_sum_ptr host_ptr err_ptr".split()
 
 if triton is not None:
-    # So the launcher can bind one compiled specialization per dtype combination.
+
     @triton.jit(do_not_specialize=_VARYING, do_not_specialize_on_alignment=_PTRS)
     def _publish_gather_kernel(
         buf_ptr,
@@ -165,9 +163,8 @@ def launch_reference(a: Args) -> None:
     if pi is not None and pv is not None and pi.shape[0]:
         buf[pi.long()] = pv.to(buf.dtype)
     gathered = buf[a.gather_indices.long()]
-    if a.poison and gathered.numel() and bool((gathered < 0).any()):
-        if a.error_flag is not None:
-            a.error_flag[0] = int(a.gather_indices[(gathered < 0).nonzero()[0, 0]])
+    if a.poison and a.error_flag is not None and bool((gathered < 0).any()):
+        a.error_flag[0] = int(a.gather_indices[(gathered < 0).nonzero()[0, 0]])
     a.out.copy_(gathered)
     a.out_sum.copy_(gathered.sum().reshape(a.out_sum.shape))
     if a.host_out is not None:
@@ -192,13 +189,11 @@ def _publish_gather_op(
     poison: bool,
 ) -> None:
     a = Args(buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out)
-    a = a._replace(error_flag=error_flag, poison=poison)
-    (launch_reference if backend_for(buf.device) == "reference" else launch_triton)(a)
+    launch = launch_reference if backend_for(buf.device) == "reference" else launch_triton
+    launch(a._replace(error_flag=error_flag, poison=poison))
 
 
-@_publish_gather_op.register_fake
-def _(*args):
-    return None
+_publish_gather_op.register_fake(lambda *args: None)
 
 
 _OPTIONS = frozenset(("out", "out_sum", "host_out", "poison", "validate"))
@@ -210,8 +205,8 @@ def _run(impl, buf, gather_indices, publish_indices=None, publish_values=None, *
             f"publish_gather got unexpected options {sorted(options.keys() - _OPTIONS)}"
         )
     out, out_sum, host_out = options.get("out"), options.get("out_sum"), options.get("host_out")
-    poison = bool(options.get("poison", False))
-    deep = bool(options.get("validate", False)) or poison
+    poison = bool(options.get("poison"))
+    deep = poison or bool(options.get("validate"))
     checks.validate(
         buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out, deep=deep
     )
@@ -219,20 +214,17 @@ def _run(impl, buf, gather_indices, publish_indices=None, publish_values=None, *
     m = 0 if publish_indices is None else publish_indices.shape[0]
     gather_indices = gather_indices.contiguous()  # the kernel reads every input unstrided
     pi, pv = (publish_indices.contiguous(), publish_values.contiguous()) if m else (None, None)
-    if out is None:
-        out = torch.empty((n,), dtype=buf.dtype, device=buf.device)
-    if out_sum is None:
-        out_sum = torch.empty((), dtype=torch.int64, device=buf.device)
+    out = buf.new_empty((n,)) if out is None else out
+    out_sum = buf.new_empty(()) if out_sum is None else out_sum
     if n == 0 and m == 0:  # DP-idle batch: nothing to do, no launch
         out_sum.zero_()
         if host_out is not None:
             host_out[0] = 0
         return PublishGatherResult(out, out_sum.reshape(()))
-    flag = None
+    flag = None  # the consume-once flag: pinned on CUDA (the host reads it zero-copy)
     if poison:
-        on_cuda = buf.device.type == "cuda"
-        flag = torch.full((1,), NO_ERROR, dtype=torch.int64, pin_memory=on_cuda)
-        flag = flag if on_cuda else flag.to(buf.device)
+        flag = torch.full((1,), NO_ERROR, dtype=torch.int64, pin_memory=buf.is_cuda)
+        flag = flag if buf.is_cuda else flag.to(buf.device)
     impl(buf, gather_indices, pi, pv, out, out_sum, host_out, flag, poison)
     result = PublishGatherResult(out, out_sum.reshape(()), flag)
     if flag is not None and buf.device.type == "cpu":
@@ -244,19 +236,13 @@ def publish_gather(buf, gather_indices, publish_indices=None, publish_values=Non
     """``buf[publish_indices] = publish_values``, then ``seq_lens = buf[gather_indices]``
     and ``seq_lens_sum = seq_lens.sum()`` (and ``host_out = [*seq_lens, sum]``): one launch.
 
-    ``options``: ``out``, ``out_sum``, ``host_out`` (a pinned ``(n + 1,)`` int64 host
-    tensor on CUDA), ``poison`` (SGLang's consume-once debug check: gathered rows become
-    -1, gathering a negative row raises :class:`PoisonedSlotError` - at once on CPU, via
-    ``result.raise_if_poisoned()`` after a sync on GPU), ``validate``. Bad input raises
-    ``TypeError``/``ValueError`` naming the argument before anything is written; range and
-    duplicate-slot checks always run on CPU, and on GPU under ``poison`` or ``validate``
-    (they cost a device sync there)."""
+    ``options``: ``out``, ``out_sum``, ``host_out`` (pinned on CUDA), ``poison`` (SGLang's
+    consume-once check: gathered rows become -1; gathering one raises PoisonedSlotError, on
+    GPU from ``result.raise_if_poisoned()`` after a sync), ``validate``. Bad input raises
+    TypeError/ValueError naming the argument before anything is written; range and
+    duplicate checks run on CPU always, on GPU under ``poison``/``validate`` (a sync)."""
     return _run(_publish_gather_op, buf, gather_indices, publish_indices, publish_values, **options)
 
 
-def _reference(*args) -> None:
-    launch_reference(Args(*args))
-
-
 # The plain-torch twin of publish_gather: same arguments, checks and results.
-publish_gather_reference = partial(_run, _reference)
+publish_gather_reference = partial(_run, lambda *args: launch_reference(Args(*args)))

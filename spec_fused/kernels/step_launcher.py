@@ -121,16 +121,24 @@ class StepLauncher:
             self._rows = self.ring.rows
         return self.ring
 
-    def stage_host_indices(self, host: torch.Tensor) -> torch.Tensor:
-        """``host`` (CPU indices) copied into a pinned buffer the kernel reads zero-copy;
-        the view is trusted by :meth:`launch`. Only once the previous launch that read the
-        staging buffer has completed."""
+    def stage_host_indices(self, host, like: Optional[torch.Tensor] = None):
+        """``host`` (CPU indices) copied into a pinned buffer the kernel reads zero-copy,
+        so an exact step's launch waits for the publish only, not for the schedule stream
+        and its WAR barrier; the view is trusted by :meth:`launch`. None when ``host`` is
+        not a CPU index tensor shaped as ``like`` (then SGLang's own resolve runs). Only
+        once the previous launch that read the staging buffer has completed."""
+        if not isinstance(host, torch.Tensor) or host.device.type != "cpu":
+            return None
+        if host.is_floating_point() or (like is not None and host.shape != like.shape):
+            return None
         n = host.shape[0]
         if self._staging is None or self._staging.shape[0] < n:
             size = max(n, self.max_batch)
             self._staging = torch.empty((size,), dtype=_INT64, pin_memory=self.pinned)
         view = self.staged = self._staging[:n]
         view.copy_(host)
+        if self.validate and like is not None and not torch.equal(view, like.cpu()):
+            raise AssertionError("batch.req_pool_indices_cpu differs from future_indices")
         return view
 
     # ------------------------------------------------------------------ per step

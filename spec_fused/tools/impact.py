@@ -1,17 +1,13 @@
 """Where spec_fused helps, and where it changes nothing that matters, per release, attention
 backend and algorithm.
 
-Why: upstream recovered most of PR #29232's regression by other means. What is left for
-the relay depends on whether the step's attention backends read host lengths
-(``needs_cpu_seq_lens``): where every backend opts out, upstream's step is already
-GPU-only and the fused launch saves launches and host µs; where one reads them, upstream
-copies the whole request pool to the host and blocks on it every step, and the fused
-launch writes ``bs + 2`` values instead. FlashInfer then blocks the host again in the same
-step (its planning copies), so there the saving is the copy's µs, not the host's wait.
-
-Read from each release's wheel (``layers/attention/*.py``, ``dflash_worker_v2.py``'s draft
-backend, ``overlap_utils.py``) and held to every tested release by
-``tests/tools/test_impact.py``.
+Why: upstream recovered most of PR #29232's regression by other means. Where every
+attention backend opts out of host lengths, upstream's step is already GPU-only: the fused
+launch saves launches and host µs. Where one reads them, upstream copies the whole request
+pool to the host and blocks on it every step; the fused launch writes ``bs + 2`` values
+instead. FlashInfer then blocks the host again in the same step (its planning copies), so
+there the saving is the copy's µs, not the wait. Read from each release's wheel and held
+to it by ``tests/tools/test_impact.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +20,7 @@ from spec_fused.releases import parse
 __all__ = ["Row", "configuration", "ranged_rows", "release_rows", "render_markdown"]
 
 _SHARD = "from 0.5.21, host lengths again with a KV-shard pool"
+_KPOOL = "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"
 # --attention-backend values that set needs_cpu_seq_lens=False, from the release that
 # first did (later entries supersede), with the condition that turns it back on. Every
 # other backend inherits the base class's True.
@@ -36,16 +33,8 @@ _GPU_ONLY = {
     "fa3": [("0.5.15", "DFLASH only"), ("0.5.16", ""), ("0.5.21", _SHARD)],
     "fa4": [("0.5.15", "DFLASH only"), ("0.5.16", ""), ("0.5.21", _SHARD)],
     "flashmla": [("0.5.16", "")],
-    "dsa": [
-        ("0.5.15", ""),
-        ("0.5.20", "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"),
-        ("0.5.22", ""),
-    ],
-    "nsa": [
-        ("0.5.15", ""),
-        ("0.5.20", "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"),
-        ("0.5.22", ""),
-    ],
+    "dsa": [("0.5.15", ""), ("0.5.20", _KPOOL), ("0.5.22", "")],
+    "nsa": [("0.5.15", ""), ("0.5.20", _KPOOL), ("0.5.22", "")],
     "qsa": [("0.5.20", "")],
     "dsv4": [("0.5.16", "on CUDA, unless online c128 MTP is on")],
 }

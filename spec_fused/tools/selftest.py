@@ -1,19 +1,14 @@
 """``spec-fused selftest``: correct here, and this much faster than SGLang here.
 
-Why: the CUDA path may meet its first GPU on a user's server. Before serving, one command
-checks the device as the server would run the relay - the installed SGLang, the same
-``SPEC_FUSED_*`` environment, the same backend - and prints a verdict with its figures:
-
-* the start-up canary (every launch specialization against the torch reference);
-* correctness: random continuous-batching traces through SGLang's real ``FutureMap``,
-  patched against unpatched, EAGLE and DFLASH, ``needs_cpu_seq_lens`` 1 and 0; on CUDA in
-  SGLang's stream pattern, the GPU-only path under PyTorch's own sync detector;
-* speed: one relay step (publish + resolve) against SGLang's at batch 1 to 1024, host
-  time with ``torch.utils.benchmark`` and, on CUDA, device time with
-  ``triton.testing.do_bench``. On a CPU it times the production CPU path (the torch
-  reference), never the Triton interpreter.
-
-A relay that does not engage, or gives other lengths than SGLang, fails (exit 1).
+Why: the CUDA path may meet its first GPU on a user's server. One command checks the
+device as the server would run the relay (the installed SGLang, the same ``SPEC_FUSED_*``,
+the same backend): the start-up canary; random continuous-batching traces through SGLang's
+real ``FutureMap``, patched against unpatched, EAGLE and DFLASH, ``needs_cpu_seq_lens`` 1
+and 0 (on CUDA in SGLang's stream pattern, the GPU-only path under PyTorch's sync
+detector); and one relay step timed against SGLang's (``torch.utils.benchmark``, and
+``triton.testing.do_bench`` for the device) - on a CPU the production CPU path (the torch
+reference), never the Triton interpreter. A relay that does not engage, or gives other
+lengths than SGLang, fails (exit 1).
 """
 
 from __future__ import annotations

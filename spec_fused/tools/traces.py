@@ -21,23 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
 
 import torch
 
-__all__ = [
-    "StepRecord",
-    "TraceConfig",
-    "decode_batch",
-    "installed",
-    "make_future_map",
-    "patched_future_map",
-    "run_trace",
-    "unpatched_then_patched",
-]
+__all__ = ["StepRecord", "TraceConfig", "decode_batch", "make_future_map", "run_trace"]
 
 
 @dataclass
@@ -73,13 +63,6 @@ def make_pool(pool: int, max_len: int, device="cpu"):
     return SimpleNamespace(req_to_token=req_to_token)
 
 
-def installed(*names):
-    """The names among ``names`` that the installed SGLang's SpeculativeAlgorithm has."""
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    return [n for n in names if n in SpeculativeAlgorithm.__members__]
-
-
 def make_future_map(
     spec_algo, cfg: TraceConfig, *, device="cpu", needs_cpu_seq_lens=True, **kwargs
 ):
@@ -95,35 +78,6 @@ def make_future_map(
         needs_cpu_seq_lens=needs_cpu_seq_lens,
         **kwargs,
     )
-
-
-def unpatched_then_patched(drive: Callable, algo, cfg: TraceConfig, **fm_kwargs):
-    """``drive`` run on SGLang's FutureMap as shipped, then on a patched one: both results."""
-    from spec_fused.integration import sglang_patch
-
-    was = sglang_patch.is_applied()
-    sglang_patch.remove()
-    try:
-        want = drive(make_future_map(algo, cfg, **fm_kwargs))
-        sglang_patch.apply()
-        got = drive(make_future_map(algo, cfg, **fm_kwargs))
-    finally:
-        sglang_patch.remove()
-        if was:
-            sglang_patch.apply()
-    return want, got
-
-
-@contextlib.contextmanager
-def patched_future_map(algo, cfg: TraceConfig, **fm_kwargs):
-    """A FutureMap made, and used, while spec_fused is applied."""
-    from spec_fused.integration import sglang_patch
-
-    sglang_patch.apply()
-    try:
-        yield make_future_map(algo, cfg, **fm_kwargs)
-    finally:
-        sglang_patch.remove()
 
 
 def decode_batch(slots, cfg: Optional[TraceConfig] = None, device="cpu", *, host=None):

@@ -20,7 +20,7 @@ from support.upstream_rules import (
 )
 
 from spec_fused import log
-from spec_fused.integration import sglang_patch
+from spec_fused.integration import sglang_patch, war_barrier
 from spec_fused.integration.hooks import PatchSet
 
 
@@ -28,7 +28,7 @@ from spec_fused.integration.hooks import PatchSet
 def scheduler_cls(tmp_path_factory):
     module = light_scheduler(tmp_path_factory.mktemp("scheduler"))
     patches = PatchSet()
-    sglang_patch._patch_scheduler(patches, module, sglang_patch._sglang_version())
+    war_barrier.patch(patches, module, sglang_patch._sglang_version())
     assert isinstance(module.Scheduler.__dict__.get("_war_barrier_enabled"), property), (
         "the patch refused the installed release's own _apply_war_barrier"
     )
@@ -61,7 +61,7 @@ def test_untested_barrier_code_keeps_sglangs_barrier(tmp_path, caplog):
     log.reset()
     patches = PatchSet()
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
-        sglang_patch._patch_scheduler(patches, module, sglang_patch._sglang_version())
+        war_barrier.patch(patches, module, sglang_patch._sglang_version())
     assert "_war_barrier_enabled" not in module.Scheduler.__dict__
     lines = [r.getMessage() for r in caplog.records if "WAR barrier stays" in r.getMessage()]
     assert len(lines) == 1 and "Scheduler._apply_war_barrier changed code" in lines[0]

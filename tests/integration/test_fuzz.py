@@ -14,10 +14,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from support.arms import unpatched_then_patched
 
 from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference
 from spec_fused.kernels.step_launcher import StepLauncher
-from spec_fused.tools.traces import TraceConfig, decode_batch, unpatched_then_patched
+from spec_fused.tools.traces import TraceConfig, decode_batch
 
 DTYPES = [
     torch.int64,

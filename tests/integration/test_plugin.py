@@ -177,7 +177,7 @@ FAKES = {
     def resolve_seq_lens_cpu(self, batch):
         pass
 """,
-        "does not start with ('self', 'future_indices', 'new_seq_lens')",
+        "FutureMap.publish changed signature (self, batch)",
     ),
     "renamed buffer": (
         "class FutureMap:"
@@ -188,7 +188,7 @@ FAKES = {
     def resolve_seq_lens_cpu(self, batch):
         pass
 """,
-        "no longer sets 'new_seq_lens_buf'",
+        "FutureMap.__init__ changed",
     ),
     "no FutureMap": ("class FutureRelay:\n    pass\n", "FutureMap is missing"),
 }

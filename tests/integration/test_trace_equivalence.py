@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sglang.srt.managers import overlap_utils
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from support.arms import unpatched_then_patched
 
 from spec_fused import relay as relay_mod
 from spec_fused.integration import sglang_patch
@@ -59,7 +60,7 @@ def test_every_algorithm_matches_upstream_step_for_step(cfg, algo_name, needs_cp
     decodes = sum(r.kind == "decode" and bool(r.seq_lens) for r in want)
     # One fused launch per decode step with a batch (and the occasional landing of a
     # pending publish).
-    assert decodes <= relay.launches == kernel_launches.count
+    assert decodes <= relay.launcher.launches == kernel_launches.count
 
 
 @pytest.mark.parametrize("algo_name", ["EAGLE", "DFLASH"])
@@ -112,8 +113,6 @@ def test_a_publish_with_confidence_goes_to_sglang_after_the_pending_one_lands():
         batch = decode_batch([1, 2, 3], TraceConfig())
         fm.resolve_seq_lens_cpu(batch)
         return batch.seq_lens.tolist(), batch.seq_lens_cpu.tolist(), batch.seq_lens_sum
-
-    from spec_fused.tools.traces import unpatched_then_patched
 
     want, got = unpatched_then_patched(drive, "DSPARK", TraceConfig())
     assert got == want == ([10, 21, 30], [10, 21, 30], 61)
@@ -206,8 +205,6 @@ def test_buffers_adopted_after_the_relay_exists(needs_cpu, swap_with_pending):
             fm._relay.new_seq_lens[1:6].tolist(),
         )
 
-    from spec_fused.tools.traces import unpatched_then_patched
-
     want, got = unpatched_then_patched(drive, "EAGLE", cfg, needs_cpu_seq_lens=needs_cpu)
     assert got == want and got[1] is True
     assert got[0][3][0] == ([7, 7, 7] if swap_with_pending else [104, 105, 103 + 3])
@@ -234,8 +231,6 @@ def test_the_stream_ordered_resolve_is_sglangs_after_the_pending_publish(needs_c
                 )
             )
         return out
-
-    from spec_fused.tools.traces import unpatched_then_patched
 
     want, got = unpatched_then_patched(drive, "EAGLE", cfg, needs_cpu_seq_lens=needs_cpu)
     assert got == want

@@ -88,7 +88,7 @@ def test_exact_host_lengths_come_from_sglangs_resolve_and_nothing_is_pinned(
         "steps"
     ]
     if not needs_cpu:  # the GPU-only steps are still the fused launch's
-        assert relay.launches > 0
+        assert relay.launcher.launches > 0
 
 
 def test_doctor_says_where_exact_host_lengths_come_from(cc_host):

@@ -118,7 +118,7 @@ def test_future_map_without_the_consume_once_flag_is_relayed(upstream):
     got, fm = _patched_run(before_trace=lambda fm: fm.__dict__.pop("_publish_fresh", None))
     assert got == upstream
     relay = relay_mod.relay_for(fm)
-    assert relay is not None and not relay.consume_once_flag and relay.launches > 0
+    assert relay is not None and not relay.consume_once_flag and relay.launcher.launches > 0
 
 
 def test_future_map_missing_an_attribute_runs_sglangs_path(caplog, upstream, monkeypatch):

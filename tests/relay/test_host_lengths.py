@@ -14,6 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from support.arms import patched_future_map, unpatched_then_patched
 from support.fake_cuda import EXACT, direct_relay, messages
 
 from spec_fused import log
@@ -23,8 +24,6 @@ from spec_fused.tools.traces import (
     TraceConfig,
     decode_batch,
     make_future_map,
-    patched_future_map,
-    unpatched_then_patched,
 )
 
 CFG = TraceConfig(pool=16, max_len=32)
@@ -312,6 +311,6 @@ def test_each_reason_to_hand_a_step_back_is_logged_once(caplog):
             with pytest.raises(relay_mod.HandToSGLang):
                 relay.resolve(fm, batch)
     assert [m for m in messages(caplog) if "SGLang's own resolve" in m] == [
-        "spec_fused: exact host lengths with the batch has no host indices matching "
+        "spec_fused: exact host lengths with no host indices matching "
         "future_indices: SGLang's own resolve runs such steps"
     ]

@@ -10,13 +10,14 @@ import logging
 import pytest
 import torch
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from support.arms import patched_future_map
 
 from spec_fused import log
 from spec_fused import relay as relay_mod
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import checks
 from spec_fused.kernels import publish_gather as pg
-from spec_fused.tools.traces import TraceConfig, decode_batch, patched_future_map
+from spec_fused.tools.traces import TraceConfig, decode_batch
 
 CFG = TraceConfig(pool=32)
 EAGLE, DFLASH = SpeculativeAlgorithm.EAGLE, SpeculativeAlgorithm.DFLASH
@@ -132,7 +133,7 @@ def test_null_backend_runs_the_path_without_device_work(monkeypatch):
             batch = _step(fm, [1, 2], [5, 6])
             assert batch.seq_lens.shape == (2,) and batch.seq_lens_cpu is not None
         relay = relay_mod.relay_for(fm)
-        assert relay.launcher.backend == "null" and relay.launches == 0
+        assert relay.launcher.backend == "null" and relay.launcher.launches == 0
         assert torch.equal(fm.__dict__["new_seq_lens_buf"], before)  # nothing written
 
 
