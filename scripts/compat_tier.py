@@ -19,8 +19,13 @@ newer release the package index serves, which must run or be refused cleanly) th
    overlay, plus the release's own pins of transformers, tokenizers and xgrammar where
    they differ from the environment's (another small overlay); where the release's
    scheduler still does not import on a CPU the row says why;
-4. writes ``tests/compat/results.json`` and, on a full run, renders it into the README's
-   compatibility table (``table`` does that alone).
+4. writes its results to ``.compat/results.json``; ``--results tests/compat/results.json``
+   (a maintainer's run) writes the committed ones and renders the README's table.
+
+Releases whose relay code is the same (the recorded fingerprints of every function the
+patch touches, ``tested_code.py``) share steps 2 and 3's heavy columns: the newest of
+each group runs them, the others run the facts read from their own wheel (code, facts,
+apply/remove) and their other columns say which release's run covers them.
 
 ``record`` writes what the tier tested into the package: the fingerprints (signature and
 code) of every SGLang function the patch touches, per listed release
@@ -29,6 +34,7 @@ SGLang to). The CI run checks that the committed record is exactly what the list
 releases' wheels contain (``record --check``).
 
     python scripts/compat_tier.py                    # every release, the CI run
+    python scripts/compat_tier.py --results tests/compat/results.json   # a maintainer's run
     python scripts/compat_tier.py --releases 0.5.19  # one
     python scripts/compat_tier.py table --readme README.md
     python scripts/compat_tier.py record [--check]
@@ -72,6 +78,10 @@ LIGHT_TESTS = (
     "tests/relay",
 )
 HEAVY_TESTS = ("tests/test_scheduler_tier.py",)
+# What a release whose relay code another release's run covers still runs: what is read
+# from its own wheel.
+FACT_TESTS = LIGHT_TESTS[:2] + ("tests/tools/test_impact.py",)
+SHARED = ("decisions", "traces", "relay", "scheduler")  # what a same-code run covers
 # Table columns and the test modules (or test_compat tests) each one covers.
 COLUMNS = {
     "apply/remove": (
@@ -107,18 +117,10 @@ COLUMNS = {
             "test_dflash_keeps_the_draft_backends_the_table_says",
             "test_upstreams_step_costs_are_what_the_columns_claim",
             "test_every_row_says_where_it_helps_from_the_host_lengths",
+            "test_flashinfer_blocks_the_host_later_in_the_step_as_the_rows_say",
         ),
     ),
-    "decisions": (
-        (
-            "test_decisions",
-            "test_barrier_decision",
-            "test_claims",
-            "test_algorithms",
-            "test_describe",
-        ),
-        None,
-    ),
+    "decisions": (("test_decisions", "test_barrier_decision"), None),
     "traces": ("test_trace_equivalence", None),
     "relay": (
         (
@@ -291,13 +293,29 @@ def column(cases, modules, names) -> dict:
 
 
 def row_ok(cols: dict, below: bool) -> bool:
-    """Every column of a tested release must pass: a skipped or empty column is a failure
-    (a tier that ran nothing proves nothing), the scheduler's included. A release below
-    the range passes by being refused (its other columns are n/a)."""
-    return all(c["result"] in (("n/a", "pass") if below else ("pass",)) for c in cols.values())
+    """Every column of a tested release must pass (or be covered by the run of a release
+    with the same code): a skipped or empty column is a failure (a tier that ran nothing
+    proves nothing). A release below the range passes by being refused."""
+    allowed = ("n/a", "pass") if below else ("pass", "same code")
+    return all(c["result"] in allowed for c in cols.values())
 
 
-def test_release(release: str, work: Path) -> dict:
+def same_code_groups(releases) -> dict:
+    """``{release: the release whose run covers its shared columns}``: the newest listed
+    release with the same recorded code (itself where it is the newest, or not listed)."""
+    from spec_fused.integration.tested_code import TESTED_CODE
+
+    newest: dict = {}
+    for release in sorted(releases, key=parse):
+        if release in TESTED_CODE:
+            newest[json.dumps(TESTED_CODE[release], sort_keys=True)] = release
+    return {
+        r: newest[json.dumps(TESTED_CODE[r], sort_keys=True)] if r in TESTED_CODE else r
+        for r in releases
+    }
+
+
+def test_release(release: str, work: Path, covered_by: str = "") -> dict:
     status = support_status(release)
     t0 = time.perf_counter()
     sglang_dir = overlay(release)
@@ -305,10 +323,11 @@ def test_release(release: str, work: Path) -> dict:
     for f in (light_junit, heavy_junit):
         f.unlink(missing_ok=True)
     below = status.kind == "older"
+    shared = bool(covered_by) and covered_by != release
     print(f"[{release}] light tier ({status.kind})", flush=True)
     run_pytest(
         LIGHT_PY,
-        LIGHT_TESTS[:1] if below else LIGHT_TESTS,
+        LIGHT_TESTS[:1] if below else FACT_TESTS if shared else LIGHT_TESTS,
         [sglang_dir, STANDINS, ROOT],
         light_junit,
         ("-m", "not scheduler and not gpu"),
@@ -316,6 +335,8 @@ def test_release(release: str, work: Path) -> dict:
     heavy_note = ""
     if below:
         heavy_note = "refused below the range: nothing to patch"
+    elif shared:
+        heavy_note = "shared"
     elif not HEAVY_PY.exists():
         heavy_note = f"no heavy environment ({HEAVY_PY.relative_to(ROOT)})"
     else:
@@ -330,7 +351,10 @@ def test_release(release: str, work: Path) -> dict:
         )
     cases = _cases(light_junit) + _cases(heavy_junit)
     cols = {name: column(cases, *spec) for name, spec in COLUMNS.items()}
-    if heavy_note:
+    if shared:
+        for name in SHARED:
+            cols[name] = {"result": "same code", "as": covered_by, "passed": 0, "failed": 0}
+    elif heavy_note:
         cols["scheduler"] = {
             "result": "skip",
             "passed": 0,
@@ -403,7 +427,13 @@ def cmd_run(args) -> int:
     if not args.releases:  # the record the package checks against is the listed wheels'
         if cmd_record(argparse.Namespace(check=True)) != 0:
             return 1
-    rows = [test_release(r, work) for r in releases]
+    groups = same_code_groups(releases)
+    order = sorted(releases, key=lambda r: groups[r] != r)  # the covering runs first
+    by = {r: test_release(r, work, groups[r]) for r in order}
+    for r in releases:  # a shared column is as good as the run that covers it
+        if groups[r] != r and not by[groups[r]]["ok"]:
+            by[r]["ok"] = False
+    rows = [by[r] for r in releases]
     versions = {
         "light": _installed(LIGHT_PY, ("torch", "triton")),
         "heavy": _installed(HEAVY_PY, ("torch", "triton", "transformers"))
@@ -424,8 +454,7 @@ def cmd_run(args) -> int:
     out.write_text(json.dumps(payload, indent=1) + "\n")
     print(render(payload))
     if not args.releases and out.resolve() == RESULTS.resolve():
-        # the README shows the committed results: keep it current with what was just written,
-        # so a second ./run.sh test finds README and results.json in step
+        # a maintainer's run: the README shows the committed results
         cmd_table(argparse.Namespace(results=str(out), readme=str(ROOT / "README.md")))
     print(
         f"\ncompat tier: {len(rows)} releases, {sum(r['tests_run'] for r in rows)} tests "
@@ -438,6 +467,8 @@ def cmd_run(args) -> int:
 
 
 def _cell(col: dict) -> str:
+    if col["result"] == "same code":
+        return f"as {col['as']}"
     if col["result"] == "pass":
         return f"pass ({col['passed']})"
     if col["result"] == "fail":
@@ -565,7 +596,12 @@ def main(argv=None) -> int:
         action="store_false",
         help="do not ask the package index for newer releases",
     )
-    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument(
+        "--results",
+        default=str(COMPAT_DIR / "results.json"),
+        help=f"where to write them ({RESULTS.relative_to(ROOT)}: the committed ones, and the "
+        "README's table)",
+    )
     table = sub.add_parser("table", help="render the results as the README's table")
     table.add_argument("--results", default=str(RESULTS))
     table.add_argument("--readme", help="write it between the README's markers")

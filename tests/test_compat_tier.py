@@ -123,30 +123,43 @@ def test_table_renders_every_row_and_lands_between_the_markers(tmp_path):
     assert text.rstrip().endswith("outro")
 
 
-@pytest.mark.parametrize("subset", [False, True])
-def test_a_full_run_keeps_the_readme_in_step_with_the_results_it_writes(
-    tmp_path, monkeypatch, subset
+@pytest.mark.parametrize("committed_path", [False, True])
+def test_only_a_run_into_the_committed_results_rewrites_the_readme(
+    tmp_path, monkeypatch, committed_path
 ):
-    """A second ./run.sh test must find README and results.json agreeing (the light tier
-    checks that), so the full run renders what it wrote; a one-release run leaves both."""
+    """CI and a user's ./run.sh test write .compat/results.json and leave the README
+    alone; a maintainer's run into tests/compat/results.json renders it into the README."""
     committed = json.loads((ROOT / "tests" / "compat" / "results.json").read_text())
     rows = {row["release"]: row for row in committed["rows"]}
     results, readme = tmp_path / "results.json", tmp_path / "README.md"
     readme.write_text(f"intro\n{tier.BEGIN}\nold\n{tier.END}\noutro\n")
-    monkeypatch.setattr(tier, "RESULTS", results)
+    monkeypatch.setattr(tier, "RESULTS", results if committed_path else tmp_path / "other")
     monkeypatch.setattr(tier, "ROOT", tmp_path)
     monkeypatch.setattr(tier, "COMPAT_DIR", tmp_path)
     monkeypatch.setattr(tier, "cmd_record", lambda args: 0)
     monkeypatch.setattr(tier, "_installed", lambda py, names: {})
-    monkeypatch.setattr(tier, "test_release", lambda release, work: rows[release])
-    argv = ["--no-discover"] + (["--releases", TESTED_RELEASES[-1]] if subset else [])
-    assert tier.main(argv) == 0
+    monkeypatch.setattr(tier, "test_release", lambda release, work, covered: rows[release])
+    assert tier.main(["--no-discover", "--results", str(results)]) == 0
     assert json.loads(results.read_text())["rows"][-1]["release"] == TESTED_RELEASES[-1]
     text = readme.read_text()
-    if subset:
-        assert "\nold\n" in text
-    else:
-        assert tier.render(json.loads(results.read_text())) in text and "\nold\n" not in text
+    assert ("\nold\n" in text) is not committed_path
+
+
+def test_releases_with_the_same_relay_code_share_one_run_of_the_heavy_columns():
+    """The newest release of each group of identical recorded code covers the others."""
+    from spec_fused.integration.tested_code import TESTED_CODE
+
+    groups = tier.same_code_groups([tier.BELOW_RANGE, *TESTED_RELEASES])
+    assert groups[tier.BELOW_RANGE] == tier.BELOW_RANGE
+    for release, covered_by in groups.items():
+        if release in TESTED_CODE:
+            assert TESTED_CODE[release] == TESTED_CODE[covered_by]
+            assert parse(covered_by) >= parse(release)
+    assert groups[TESTED_RELEASES[-1]] == TESTED_RELEASES[-1]
+    assert len(set(groups.values())) < len(groups)  # some release is covered by another
+    cols = {n: {"result": "same code", "as": "0.5.22"} for n in tier.SHARED}
+    cols.update({n: {"result": "pass"} for n in tier.COLUMNS if n not in tier.SHARED})
+    assert tier.row_ok(cols, below=False) and tier._cell(cols["relay"]) == "as 0.5.22"
 
 
 def test_the_committed_results_cover_the_list():

@@ -67,7 +67,8 @@ def test_coarse_fallback_still_works_when_barrier_kept(patched_scheduler):
 def test_algorithm_without_caps_keeps_sglangs_decision(patched_scheduler, monkeypatch):
     from spec_fused import caps as caps_mod
 
-    monkeypatch.setattr(caps_mod, "_TABLE", {})
+    monkeypatch.setattr(caps_mod, "known_algorithms", lambda: [])
+    monkeypatch.setattr(caps_mod, "_DECLARED", {})
     monkeypatch.setenv("SPEC_FUSED_WAR_BARRIER", "0")
     fm = make_future_map("DFLASH", CFG)
     sched = make_scheduler(Scheduler, SpeculativeAlgorithm.DFLASH, fm)
