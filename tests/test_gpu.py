@@ -450,7 +450,7 @@ def test_the_launchers_state_lives_where_cuda_needs_it():
     sum on the buffer's device, the poison flag pinned (the host reads it zero-copy), the
     empty result a real device pointer that aliases nothing."""
     buf = torch.zeros((64,), dtype=torch.int64, device=DEV)
-    pg = StepLauncher(buf, poison=True, validate=True, debug=True)
+    pg = StepLauncher(buf, poison=True, validate=True)
     assert pg.out_sum.device == buf.device
     assert pg._flag.is_pinned() and pg._flag.device.type == "cpu"
     assert pg.empty_out.device == buf.device and pg.empty_out.numel() == 0
@@ -509,16 +509,24 @@ print(json.dumps({"seen": seen}), flush=True)  # the process may not exit cleanl
 """
 
 
-def test_a_real_sticky_fault_is_recognised_as_one():
-    """What a real illegal address raises here - at the synchronize, and from the next
-    launch on the dead context - is what spec_fused.faults calls sticky."""
-    import json
+def _child(tmp_path, source: str):
+    """Run ``source`` in its own process from a file (Triton's ``@jit`` reads its source)."""
     import subprocess
     import sys
 
-    done = subprocess.run(
-        [sys.executable, "-c", _FAULTING_CHILD], capture_output=True, text=True, timeout=120
+    script = tmp_path / "child.py"
+    script.write_text(source)
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
     )
+
+
+def test_a_real_sticky_fault_is_recognised_as_one(tmp_path):
+    """What a real illegal address raises here - at the synchronize, and from the next
+    launch on the dead context - is what spec_fused.faults calls sticky."""
+    import json
+
+    done = _child(tmp_path, _FAULTING_CHILD)
     lines = done.stdout.strip().splitlines()
     assert lines, f"the child printed nothing (rc {done.returncode}): {done.stderr[-2000:]}"
     seen = json.loads(lines[-1])["seen"]
@@ -541,15 +549,10 @@ except Exception as exc:
 """
 
 
-def test_a_kernel_that_faults_in_the_canary_stops_start_up_naming_the_kill_switch():
+def test_a_kernel_that_faults_in_the_canary_stops_start_up_naming_the_kill_switch(tmp_path):
     """In its own process (the context dies): the canary's fault escapes with the note
     that names spec_fused and SPEC_FUSED_DISABLE=1, before anything is served."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", _FAULTING_CANARY], capture_output=True, text=True, timeout=120
-    )
+    done = _child(tmp_path, _FAULTING_CANARY)
     assert "start-up canary on cuda:0" in done.stdout, done.stdout + done.stderr[-2000:]
     assert "SPEC_FUSED_DISABLE=1" in done.stdout
 
@@ -569,17 +572,27 @@ def test_selftests_verdict_is_the_one_the_relay_reads(patched):
 
 
 @pytest.mark.parametrize("needs_cpu", [True, False])
-def test_without_host_indices_sglangs_resolve_runs_the_step_on_real_streams(patched, needs_cpu):
+def test_without_matching_host_indices_sglangs_resolve_runs_the_step(needs_cpu):
+    """Host indices that are not the batch's own (here shorter than future_indices): the
+    relay hands the step to SGLang's resolve, which gives what it gives unpatched."""
+
+    def step(fm):
+        fm.publish(torch.tensor([3, 4], device=DEV), torch.tensor([30, 40], device=DEV))
+        batch = decode_batch([3, 4], cfg, device=DEV)
+        batch.req_pool_indices_cpu = torch.tensor([3])
+        fm.resolve_seq_lens_cpu(batch)
+        cpu = None if batch.seq_lens_cpu is None else batch.seq_lens_cpu.tolist()
+        return batch.seq_lens.cpu().tolist(), cpu, batch.seq_lens_sum
+
     cfg = TraceConfig(pool=64)
-    fm = make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=needs_cpu)
-    fm.publish(torch.tensor([3, 4], device=DEV), torch.tensor([30, 40], device=DEV))
-    batch = decode_batch([3, 4], cfg, device=DEV)
-    batch.req_pool_indices_cpu = None
-    fm.resolve_seq_lens_cpu(batch)
-    assert batch.seq_lens.cpu().tolist() == [30, 40]
-    if needs_cpu:
-        assert batch.seq_lens_cpu.tolist() == [30, 40] and batch.seq_lens_sum == 70
-    assert fm.__dict__[relay_mod.RELAY_ATTR] is not None
+    want = step(make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=needs_cpu))
+    log.reset()
+    sglang_patch.apply()
+    try:
+        fm = make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=needs_cpu)
+        assert step(fm) == want and fm.__dict__[relay_mod.RELAY_ATTR] is not None
+    finally:
+        sglang_patch.remove()
 
 
 def test_confidential_computing_pins_nothing_and_serves_sglangs_exact_lengths(monkeypatch):
