@@ -2,11 +2,11 @@
 ``SPEC_FUSED_DISABLE=1`` (SGLang as shipped), arm B = the plugin, loaded by SGLang's own
 ``load_plugins()`` in the scheduler process, in interleaved rounds (AB, BA, AB, ...).
 
-Why: the other benchmarks time the relay alone (kernel sweep, host cost) or replay the
-overlap loop around it (``ab_throughput``); this one runs everything a server runs - the
-overlap scheduler, spec v2, the worker publishing mid-forward, the scheduler resolving -
-and reports what a user sees: tokens/s and time per step, B/A with its noise band, and
-each arm's WAR barrier and host lengths (read from the scheduler process).
+Why: the other benchmarks time the relay alone (kernel sweep, host cost); this one runs
+everything a server runs - the overlap scheduler, spec v2, the worker publishing
+mid-forward, the scheduler resolving - and reports what a user sees: tokens/s and time
+per step, B/A with its noise band, and each arm's WAR barrier and host lengths (read from
+the scheduler process).
 
 Each arm is one worker process with its own engine; both arms' engines are up at once and
 the requests alternate between them (round r: A then B at each concurrency, B then A in

@@ -9,11 +9,7 @@
 # The stages: `spec-fused selftest` first (correct here, and how much faster than SGLang
 # here; its JSON is kept); the GPU tests (bound direct launch, real streams, pinned
 # mirrors, graph capture, profiler counts, the sync detector); the kernel sweep; the
-# host-cost sweep (upstream vs spec_fused vs its wrapper alone vs the empty-launch floor);
-# the A/B replay three ways - needs_cpu_seq_lens=1 (FlashInfer-like: upstream pays the
-# full-pool D2H + sync), needs_cpu_seq_lens=0 (FA3: upstream is GPU-only already, so only
-# host time and launches can win) and the forced barrier-free DFLASH arm (what the WAR
-# barrier costs).
+# host-cost sweep (upstream vs spec_fused vs its wrapper alone vs the empty-launch floor).
 #
 # Exit status: 0 when every stage succeeded. A GPU run in which no GPU test ran, or the
 # selftest failed, fails. Without a visible CUDA device it refuses (exit 3) unless
@@ -24,8 +20,7 @@
 #   selftest.txt       spec-fused selftest (its JSON is in results.tar.gz)
 #   gpu_tests.txt      python -m pytest -m gpu tests
 #   bench.log          stdout/stderr of every benchmark (tables)
-#   results.tar.gz     selftest.json, kernel_sweep.*, host_overhead.*, ab_throughput.* and
-#                      the folders ab_ncsl0/, ab_barrier_free/: unpack into
+#   results.tar.gz     selftest.json, kernel_sweep.*, host_overhead.*: unpack into
 #                      bench/results/<device>/
 set -uo pipefail
 
@@ -34,12 +29,10 @@ usage() {
 usage: bash bench/gpu_check.sh OUTDIR [--dry-run]
 
 On a CUDA machine: env + `spec-fused selftest` + `pytest -m gpu tests` + kernel_sweep +
-host_overhead + three A/B replays (needs_cpu_seq_lens 1 and 0, forced barrier-free),
-results into OUTDIR. Without a visible CUDA device it refuses, unless --dry-run: then it
+host_overhead, results into OUTDIR. Without a visible CUDA device it refuses, unless --dry-run: then it
 runs the CPU --quick versions (CUDA hidden, TRITON_INTERPRET=1), so the script itself is
 proven on CPU. Stage limits (seconds): SELFTEST_TIMEOUT [90], TESTS_TIMEOUT [120],
-SWEEP_TIMEOUT [60], HOST_TIMEOUT [60], AB_TIMEOUT [60], AB_EXTRA_TIMEOUT [40] for each of
-the two extra replays; PYTHON [python3]. Carried wheels in .whl/
+SWEEP_TIMEOUT [60], HOST_TIMEOUT [60]; PYTHON [python3]. Carried wheels in .whl/
 (bench/fetch_gpu_wheels.sh) are installed into /tmp/site first.
 EOF
 }
@@ -62,8 +55,6 @@ SELFTEST_TIMEOUT=${SELFTEST_TIMEOUT:-90}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-120}
 SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-60}
 HOST_TIMEOUT=${HOST_TIMEOUT:-60}
-AB_TIMEOUT=${AB_TIMEOUT:-60}
-AB_EXTRA_TIMEOUT=${AB_EXTRA_TIMEOUT:-40}
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 cd "$ROOT"
@@ -134,9 +125,6 @@ stage() {  # $1 = name, $2 = timeout (s), $3 = output file, rest = command
 : > "$OUTDIR/gpu_tests.txt"
 WORK="$OUTDIR/results"
 rm -rf "$WORK" && mkdir -p "$WORK"
-# The A/B grid: the concurrencies the regression was measured at, and above.
-AB_GRID=(--concurrency 1 32 128 256 --rounds 3 --steps 80 --warmup-steps 10)
-(( ${#QUICK[@]} )) && AB_GRID=(--concurrency 1 32 --rounds 2 --steps 30 --warmup-steps 5)
 SELFTEST_ARGS=(--json "$WORK/selftest.json")
 (( ${#QUICK[@]} )) && SELFTEST_ARGS+=(--quick)
 : > "$OUTDIR/selftest.txt"
@@ -162,15 +150,6 @@ stage kernel_sweep "$SWEEP_TIMEOUT" "$LOG" \
   "$PYTHON" -m bench.kernel_sweep "${QUICK[@]}" --out "$WORK"
 stage host_overhead "$HOST_TIMEOUT" "$LOG" \
   "$PYTHON" -m bench.host_overhead "${QUICK[@]}" --out "$WORK"
-stage ab_ncsl1 "$AB_TIMEOUT" "$LOG" \
-  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" "${AB_GRID[@]}" --needs-cpu-seq-lens 1 \
-  --out "$WORK"
-stage ab_ncsl0 "$AB_EXTRA_TIMEOUT" "$LOG" \
-  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" "${AB_GRID[@]}" --needs-cpu-seq-lens 0 \
-  --out "$WORK/ab_ncsl0"
-stage ab_barrier_free "$AB_EXTRA_TIMEOUT" "$LOG" \
-  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" "${AB_GRID[@]}" --algorithms DFLASH \
-  --force-barrier-free --needs-cpu-seq-lens 0 --out "$WORK/ab_barrier_free"
 
 tar -C "$WORK" -czf "$OUTDIR/results.tar.gz" . && rm -rf "$WORK"
 echo "total: ${SECONDS}s" | tee -a "$ENV_TXT"

@@ -94,32 +94,6 @@ def host_table(path: Path, batches=(1, 1024)) -> str:
 _NOISE = {True: "within noise", False: "beyond noise"}
 
 
-def ab_table(path: Path) -> str:
-    data = json.loads(path.read_text())
-    summary = data.get("summary", [])
-    lines = [
-        f"ab_throughput, device `{data['device']}`, arm B kernel backend "
-        f"`{data.get('config', {}).get('kernel_backend', '?')}`",
-        "",
-        "| algorithm | concurrency | A tok/s | B tok/s | C tok/s | B/A | B vs A | "
-        "recovered A→C | B variant | WAR barrier A / B / C |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---|---|",
-    ]
-    for s in summary:
-        share = s.get("gap_share_recovered")
-        barriers = " / ".join(
-            {True: "on", False: "off"}.get(s.get(f"{arm}_barrier"), "-") for arm in "ABC"
-        )
-        lines.append(
-            f"| {s['algorithm']} | {s['concurrency']} | {_fmt(s['A_tok_s'])} | "
-            f"{_fmt(s['B_tok_s'])} | {_fmt(s['C_tok_s'])} | {_fmt(s['B_over_A'], 3)} | "
-            f"{_NOISE.get(s.get('B_vs_A_within_noise'), '-')} | "
-            f"{'-' if share is None else f'{share:.0%}'} | {s.get('B_variant', '')} | "
-            f"{barriers} |"
-        )
-    return "\n".join(lines)
-
-
 def engine_table(path: Path) -> str:
     """The A/B on the real engine (``bench/ab_engine.py``)."""
     data = json.loads(path.read_text())
@@ -158,7 +132,7 @@ def main(argv=None) -> None:
     parser.add_argument("results_dir", type=Path)
     parser.add_argument("--pool", type=int, default=4096)
     args = parser.parse_args(argv)
-    ks, ab = args.results_dir / "kernel_sweep.json", args.results_dir / "ab_throughput.json"
+    ks = args.results_dir / "kernel_sweep.json"
     host = args.results_dir / "host_overhead.json"
     engine = args.results_dir / "ab_engine.json"
     if engine.exists():
@@ -168,8 +142,6 @@ def main(argv=None) -> None:
         print(kernel_table(ks, args.pool), "\n")
     if host.exists():
         print(host_table(host), "\n")
-    if ab.exists():
-        print(ab_table(ab))
 
 
 if __name__ == "__main__":
