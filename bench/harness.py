@@ -2,9 +2,8 @@
 
 Why one small module: every benchmark ends the same way - a JSON with the versions the
 numbers depend on, printed tables, a PNG, one line saying where they went - and must be
-read side by side. FutureMap fixtures live in the package (``spec_fused.tools.traces`` and
-``spec_fused.tools.measure``, which ``selftest`` uses too); the op counters in
-``bench/counters.py``.
+read side by side. The relay-step providers live in ``bench/measure.py`` (on
+``spec_fused.tools.traces``' FutureMap), the op counters in ``bench/counters.py``.
 
 Importing this module on a machine without CUDA sets ``TRITON_INTERPRET=1`` (unless the
 caller chose otherwise) *before* Triton or SGLang is imported, so the fused kernel runs

@@ -10,8 +10,7 @@ on the real SGLang ``FutureMap`` class, in one process, providers interleaved:
 * ``upstream``        SGLang's ``FutureMap`` as shipped;
 * ``spec_fused``      patched, on the production backend (compiled Triton through the
                       bound launcher on CUDA; the plain-torch reference on a CPU server);
-                      the providers are ``spec_fused.tools.measure``'s, which ``spec-fused
-                      selftest`` times too;
+                      the providers are ``bench/measure.py``'s;
 * ``spec_fused-null`` patched, ``SPEC_FUSED_FORCE_BACKEND=null SPEC_FUSED_BENCH=1``: the
                       whole hot path with no device work, i.e. the wrapper alone;
 * ``spec_fused-jit`` (CUDA only): spec_fused with its direct launch turned off, every
@@ -45,8 +44,10 @@ import argparse
 import gc
 import time
 
-from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton is imported
-from spec_fused.tools import measure
+from bench import (
+    harness,  # first: sets TRITON_INTERPRET on CPU before triton is imported
+    measure,
+)
 
 ALGORITHMS = ("EAGLE", "DFLASH")
 FULL_BATCHES = (1, 4, 16, 64, 256, 1024)

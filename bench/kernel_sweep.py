@@ -40,8 +40,8 @@ from typing import Optional
 
 import torch
 
-from bench import counters, harness  # first: sets TRITON_INTERPRET on CPU before triton
-from spec_fused.tools import measure, traces
+from bench import counters, harness, measure  # first: sets TRITON_INTERPRET on CPU before triton
+from spec_fused.tools import traces
 
 PROVIDERS = ("upstream", "fused-exact", "fused-barrier-free", "floor")
 FULL_BATCHES = tuple(2**i for i in range(13))  # 1 .. 4096

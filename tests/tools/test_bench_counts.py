@@ -19,7 +19,7 @@ from bench import kernel_sweep  # noqa: E402
 
 @pytest.fixture(scope="module")
 def relays():
-    from spec_fused.tools import measure
+    from bench import measure
 
     try:
         yield kernel_sweep.Relays.build(torch.device("cpu"), 64)
