@@ -275,34 +275,11 @@ class D2HCounter(_Counter):
 
 # Dispatched ops that only make or reshape tensor metadata: never a launch.
 _METADATA_OPS = frozenset(
-    {
-        "view",
-        "_unsafe_view",
-        "as_strided",
-        "detach",
-        "alias",
-        "empty",
-        "empty_strided",
-        "new_empty",
-        "new_empty_strided",
-        "slice",
-        "select",
-        "t",
-        "expand",
-        "unsqueeze",
-        "squeeze",
-        "_reshape_alias",
-        "lift_fresh",
-        "is_pinned",
-        "unbind",
-        "split",
-        "set_",
-        "resolve_conj",
-        "resolve_neg",
-        "sym_size",
-        "sym_stride",
-        "sym_numel",
-    }
+    (
+        "view _unsafe_view as_strided detach alias empty empty_strided new_empty "
+        "new_empty_strided slice select t expand unsqueeze squeeze _reshape_alias lift_fresh "
+        "is_pinned unbind split set_ resolve_conj resolve_neg sym_size sym_stride sym_numel"
+    ).split()
 )
 
 
@@ -366,14 +343,10 @@ class _OpCounterMode(TorchDispatchMode):
 
 
 _SYNC_CALLS = frozenset(
-    {
-        "cudaStreamSynchronize",
-        "cudaEventSynchronize",
-        "cudaDeviceSynchronize",
-        "cuStreamSynchronize",
-        "cuEventSynchronize",
-        "cuCtxSynchronize",
-    }
+    (
+        "cudaStreamSynchronize cudaEventSynchronize cudaDeviceSynchronize cuStreamSynchronize "
+        "cuEventSynchronize cuCtxSynchronize"
+    ).split()
 )
 
 

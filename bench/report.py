@@ -91,32 +91,21 @@ def host_table(path: Path, batches=(1, 1024)) -> str:
     return "\n".join(lines)
 
 
-_NOISE = {True: "within noise", False: "beyond noise"}
-
-
 def engine_table(path: Path) -> str:
-    """The A/B on the real engine (``bench/ab_engine.py``)."""
+    """The A/B on the real engine (``bench/ab_engine.py``): on CPU its parity check."""
+    from bench import ab_engine, harness
+
     data = json.loads(path.read_text())
-    cfg = data["config"]
-    lines = [
-        f"ab_engine, device `{data['device']}`: {cfg['note']}; {cfg['rounds']} rounds, "
-        f"{cfg['max_new_tokens']} tokens per request, median over rounds",
-        "",
-        "| configuration | concurrency | A tok/s | B tok/s | B/A (rounds' band) | B vs A | "
-        "A / B ms per step | WAR barrier A / B | host lengths A / B | relay steps B |",
-        "|---|---:|---:|---:|---|---|---|---|---|---|",
-    ]
-    onoff = {True: "on", False: "off", None: "-"}
-    for s in data["summary"]:
-        lines.append(
-            f"| {s['config']} | {s['concurrency']} | {_fmt(s['A_tok_s'])} | "
-            f"{_fmt(s['B_tok_s'])} | {s['B_over_A']:.3f} ({s['B_over_A_min']:.3f}–"
-            f"{s['B_over_A_max']:.3f}) | {_NOISE.get(s['B_vs_A_within_noise'], '-')} | "
-            f"{_fmt(s['A_step_ms'])} / {_fmt(s['B_step_ms'])} | {onoff[s['A_barrier']]} / "
-            f"{onoff[s['B_barrier']]} | {s['A_host_lengths']} / {s['B_host_lengths']} | "
-            f"{s['B_relay_steps']} |"
-        )
-    return "\n".join(lines)
+    plan = data["plan"]
+    on_gpu = plan["device"] == "cuda"
+    columns = ab_engine.GPU_COLUMNS if on_gpu else ab_engine.CPU_COLUMNS
+    head = (
+        f"ab_engine, device `{data['device']}`: {plan['mode']}, {plan['models']['shape']}, "
+        f"{plan['rounds']} rounds x {plan['max_new_tokens']} tokens per request"
+    )
+    if not on_gpu:
+        head += f". {ab_engine.CPU_LINE}"
+    return f"{head}\n\n{harness.format_table(data['summary'], columns, markdown=True)}"
 
 
 def versions_line(path: Path) -> str:
