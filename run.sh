@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The two commands of the README:
 #   ./run.sh bench [args]   set up, then `spec-fused selftest` and the benchmarks (quick sweep
-#                           on a CPU machine); results in bench/results/<device>/, and on
-#                           CPU the README's results tables re-rendered from them
+#                           on a CPU machine); results in bench/results/<device>/ only (the
+#                           README's tables are a maintainer's step: scripts/readme_tables.py)
 #   ./run.sh test [--fast]  set up, then ruff and mypy (a fast gate), then the tests: the
 #                           light tier (kernels under the Triton interpreter, the real
 #                           SGLang 0.5.23 FutureMap) and, unless
@@ -30,9 +30,7 @@ case "$cmd" in
     bash scripts/setup_e2e_tier.sh  # bench/ab_engine.py serves through the real engine there
     # correct here, and how fast here (CPU: the interpreter's times, said to be so)
     .venv/bin/python -m spec_fused selftest --quick --json bench/results/cpu/selftest.json
-    .venv/bin/python -m bench.run_all "$@"
-    # the README shows the latest CPU results: re-render its tables from what was just written
-    exec .venv/bin/python scripts/readme_tables.py
+    exec .venv/bin/python -m bench.run_all "$@"
     ;;
   test)
     fast=0

@@ -499,12 +499,13 @@ def main(argv=None) -> dict:
     plan_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
     plan_file.write(json.dumps(the_plan))
     plan_file.close()
-    t0 = time.perf_counter()
-    rows, skipped, starts = [], [], {}
+    out_dir = harness.results_dir(torch.device(device), args.out)
+    t0 = last = time.perf_counter()
+    rows, skipped, starts, took = [], [], {}, 0.0
     for name in the_plan["configs"]:
-        if args.budget_s and time.perf_counter() - t0 > args.budget_s:
-            skipped.append(name)
-            print(f"ab_engine: {name} skipped: the --budget-s of {args.budget_s:.0f} s is spent")
+        if args.budget_s and time.perf_counter() - t0 + took > args.budget_s:
+            skipped.append(name)  # the last configuration's time would overrun the budget
+            print(f"ab_engine: {name} skipped: --budget-s {args.budget_s:.0f} would be overrun")
             continue
         workers = {}
         try:
@@ -528,9 +529,11 @@ def main(argv=None) -> dict:
                 w.close()
             for w in workers.values():
                 w.wait()
+        took, last = time.perf_counter() - last, time.perf_counter()
+        partial = {"plan": the_plan, "runs": rows, "partial": True}  # kept if a timeout hits
+        harness.write_json(out_dir / "ab_engine.json", partial)
     os.unlink(plan_file.name)
     summary = summarize(rows, on_gpu)
-    out_dir = harness.results_dir(torch.device(device), args.out)
     payload = {
         "benchmark": "ab_engine",
         "device": harness.device_name(torch.device(device)),

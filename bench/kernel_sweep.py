@@ -307,8 +307,9 @@ def main(argv=None) -> dict:
     on_cpu = device.type == "cpu"
     cmd = [__file__, "-q", "-p", "no:cacheprovider", "--benchmark-only"]
     cmd += [f"--benchmark-json={path}", "--benchmark-columns=min,median,iqr,rounds"]
-    # CPU: interpreter times mean nothing; a few rounds are enough to show the shape
-    cmd += ["--benchmark-max-time=0.05", "--benchmark-min-rounds=3"] if on_cpu else []
+    # CPU: interpreter times mean nothing, a few rounds show the shape; CUDA: short too
+    max_time = 0.05 if on_cpu else (0.1 if args.quick else 0.5)
+    cmd += [f"--benchmark-max-time={max_time}", "--benchmark-min-rounds=3"]
     try:
         import pygal  # noqa: F401  (pytest-benchmark's histogram)
 

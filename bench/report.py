@@ -23,7 +23,7 @@ def _fmt(v, digits=1):
     return str(v)
 
 
-def kernel_table(path: Path, pool: int, batches=(1, 256, 4096)) -> str:
+def kernel_table(path: Path, pool: int, batches=(1, 4096)) -> str:
     data = json.loads(path.read_text())
     rows = {(r["provider"], r["batch"]): r for r in data["rows"] if r["pool"] == pool}
     timed = data["device"] != "cpu"  # on CPU the µs are the interpreter's: left out

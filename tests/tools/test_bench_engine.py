@@ -165,3 +165,16 @@ def test_the_counter_counts_a_step_and_what_served_it(monkeypatch):
     answer = SimpleNamespace(internal_state={})
     ab_engine._report(lambda self: answer, SimpleNamespace(_war_barrier_enabled=True))
     assert answer.internal_state["ab_engine"]["war_barrier"] is True
+
+
+def test_without_sglangs_gpu_kernels_the_gpu_run_is_skipped_in_one_line():
+    """The lent GPU machine has no sgl_kernel: the stage says why and does not fail."""
+    why = ab_engine.probe(sys.executable, {"PYTHONPATH": ""}, on_gpu=True)
+    if why is None:
+        pytest.skip("SGLang's GPU kernels are installed here")
+    assert "sgl_kernel" in why or "flashinfer" in why
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert ab_engine.main(["--device", "cuda", "--python", sys.executable]) == {}
+    (line,) = out.getvalue().strip().splitlines()
+    assert line.startswith("ab_engine: skipped:") and "GPU kernels" in line
