@@ -193,7 +193,9 @@ def plan(device: str, args) -> dict:
         },
         "concurrency": concurrency,
         "rounds": rounds,
-        "warmup": "one unrecorded batch per arm at each concurrency before round 0",
+        "warmup": "one unrecorded batch per arm at each concurrency before round 0"
+        if on_gpu
+        else None,  # parity needs no warm-up
         "order": "AB in even rounds, BA in odd rounds, at each concurrency",
         "max_new_tokens": max_new,
         "prompt_tokens": prompt,
@@ -516,7 +518,7 @@ def main(argv=None) -> dict:
                     starts[f"{name} {arm}"] = workers[arm].wait_ready()
             for arm in ARMS if not on_gpu else ():
                 starts[f"{name} {arm}"] = workers[arm].wait_ready()
-            for conc in the_plan["concurrency"]:  # warm-up (CUDA graphs replayed, plans made)
+            for conc in the_plan["concurrency"] if the_plan["warmup"] else ():  # warm-up
                 for arm in ARMS:
                     workers[arm].serve(conc)
             for rnd in range(the_plan["rounds"]):

@@ -321,6 +321,8 @@ def main(argv=None) -> dict:
     if rc != 0:
         raise SystemExit(f"kernel_sweep: pytest exited {rc}")
     data = json.loads(path.read_text())
+    for bench in data["benchmarks"]:
+        bench["stats"].pop("data", None)  # every round's raw time: the histogram has them
     rows = rows_of(data)
     data.update(
         device=harness.device_name(device),
