@@ -155,23 +155,20 @@ def _relay_provider(
 
 
 def floor_providers(device) -> list:
-    """One empty Triton launch, through a bound compiled kernel and through
-    ``kernel[grid]``: the least any one-launch relay costs the host (CUDA only)."""
-    from spec_fused.kernels.direct_launch import bind
-
+    """One empty Triton launch, straight through its compiled kernel (as spec_fused's direct
+    launch does) and through ``kernel[grid]``: the least any one-launch relay costs the
+    host (CUDA only)."""
     scratch = torch.zeros(1, dtype=torch.int64, device=device)
     compiled = _empty_kernel[(1,)](scratch)
     jit = Provider("floor-jit", lambda: _empty_kernel[(1,)](scratch), None)
-    bound, _ = bind(compiled, 1)
-    if bound is None:
+    try:  # Triton 3.6 ... 3.9's compiled-kernel launcher, read once
+        run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
+    except AttributeError:
         return [jit]
-    raw_stream = torch._C._cuda_getCurrentRawStream
-    index = torch.device(device).index or 0
+    raw_stream, index = torch._C._cuda_getCurrentRawStream, torch.device(device).index or 0
 
     def direct():
-        bound.run(
-            1, 1, 1, raw_stream(index), bound.function, bound.metadata, None, None, None, scratch
-        )
+        run(1, 1, 1, raw_stream(index), function, meta, None, None, None, scratch)
 
     return [Provider("floor-direct", direct, None), jit]
 
