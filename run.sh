@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The two commands of the README:
 #   ./run.sh bench [args]   set up, then `spec-fused selftest` and the benchmarks (quick sweep
-#                           on a CPU machine); results in bench/results/<device>/, and on
-#                           CPU the README's results tables re-rendered from them
+#                           on a CPU machine); results in bench/results/<device>/ only (the
+#                           README's tables are a maintainer's step: scripts/readme_tables.py)
 #   ./run.sh test [--fast]  set up, then ruff and mypy (a fast gate), then the tests: the
 #                           light tier (kernels under the Triton interpreter, the real
 #                           SGLang 0.5.23 FutureMap) and, unless
@@ -27,12 +27,12 @@ case "$cmd" in
     fi
     export TRITON_INTERPRET=1
     [ "$#" -gt 0 ] || set -- --quick
-    bash scripts/setup_e2e_tier.sh  # bench/ab_engine.py serves through the real engine there
-    # correct here, and how fast here (CPU: the interpreter's times, said to be so)
+    # bench/ab_engine.py serves through the real engine in .venv-sched; it is set up while
+    # the selftest runs (on CPU a correctness run: its interpreter times are said to be so)
+    bash scripts/setup_e2e_tier.sh & e2e=$!
     .venv/bin/python -m spec_fused selftest --quick --json bench/results/cpu/selftest.json
-    .venv/bin/python -m bench.run_all "$@"
-    # the README shows the latest CPU results: re-render its tables from what was just written
-    exec .venv/bin/python scripts/readme_tables.py
+    wait "$e2e"
+    exec .venv/bin/python -m bench.run_all "$@"
     ;;
   test)
     fast=0

@@ -38,8 +38,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from spec_fused.integration.hooks import PatchSet
+
 _tls = threading.local()
-_MISSING = object()
 
 
 def _flag(name: str) -> int:
@@ -58,35 +59,6 @@ def _raised(name: str):
 def _ignored() -> bool:
     """Inside a tracked Triton launch (interpreter marshalling) or spec_fused validation."""
     return bool(_flag("in_kernel") or _flag("in_validation"))
-
-
-class _Patches:
-    """Attribute wrappers that are undone exactly, in reverse order."""
-
-    def __init__(self):
-        self._undo = []
-
-    def wrap(self, owner, name: str, make: Callable) -> None:
-        original = getattr(owner, name)
-        self._undo.append(
-            (
-                owner,
-                name,
-                owner.__dict__.get(name, _MISSING) if hasattr(owner, "__dict__") else _MISSING,
-            )
-        )
-        setattr(owner, name, make(original))
-
-    def undo(self) -> None:
-        for owner, name, previous in reversed(self._undo):
-            if previous is _MISSING:
-                try:
-                    delattr(owner, name)
-                except AttributeError:
-                    pass
-            else:
-                setattr(owner, name, previous)
-        self._undo.clear()
 
 
 class DeviceRoles:
@@ -134,18 +106,18 @@ class _LaunchHooks:
     listeners, then runs with the counters paused; spec_fused's validation runs paused too."""
 
     listeners: list = []
-    patches: Optional[_Patches] = None
+    patches: Optional[PatchSet] = None
 
     @classmethod
     def add(cls, listener) -> None:
         cls.listeners.append(listener)
         if cls.patches is None:
-            cls.patches = _Patches()
+            cls.patches = PatchSet()
             for kernel in _tracked_kernels():
-                cls.patches.wrap(kernel, "run", lambda orig, k=kernel: cls._kernel_run(k, orig))
+                cls.patches.replace(kernel, "run", lambda orig, k=kernel: cls._kernel_run(k, orig))
             from spec_fused.kernels import checks
 
-            cls.patches.wrap(checks, "validate", cls._validate)
+            cls.patches.replace(checks, "validate", cls._validate)
 
     @classmethod
     def remove(cls, listener) -> None:
@@ -191,9 +163,9 @@ class _Counter:
         self.device = torch.device(device)
         self.on_cuda = self.device.type == "cuda"
         self.is_device = DeviceRoles(self.device, roles)
-        self._patches = _Patches()
+        self._patches = PatchSet()
 
-    def install(self, patches: _Patches) -> None:  # pragma: no cover - abstract
+    def install(self, patches: PatchSet) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def on_kernel(self, kernel, bound: dict) -> None:
@@ -210,7 +182,7 @@ class _Counter:
         return False
 
 
-def _count_tensor_calls(counter, patches: _Patches, names: Sequence[str], cost: Callable):
+def _count_tensor_calls(counter, patches: PatchSet, names: Sequence[str], cost: Callable):
     """Wrap ``torch.Tensor.<name>`` so ``counter.add(cost(name, tensor, args, kwargs))``."""
     for name in names:
 
@@ -222,7 +194,7 @@ def _count_tensor_calls(counter, patches: _Patches, names: Sequence[str], cost: 
 
             return wrapper
 
-        patches.wrap(torch.Tensor, name, make)
+        patches.replace(torch.Tensor, name, make)
 
 
 _SCALAR_READS = ("item", "tolist", "__int__", "__float__", "__bool__")
@@ -252,7 +224,7 @@ class SyncCounter(_Counter):
             )
         return int(self.is_device(t))
 
-    def install(self, patches: _Patches) -> None:
+    def install(self, patches: PatchSet) -> None:
         def one(original):
             def wrapper(*args, **kwargs):
                 if not _ignored():
@@ -261,9 +233,9 @@ class SyncCounter(_Counter):
 
             return wrapper
 
-        patches.wrap(torch.cuda.Stream, "synchronize", one)
-        patches.wrap(torch.cuda.Event, "synchronize", one)
-        patches.wrap(torch.cuda, "synchronize", one)
+        patches.replace(torch.cuda.Stream, "synchronize", one)
+        patches.replace(torch.cuda.Event, "synchronize", one)
+        patches.replace(torch.cuda, "synchronize", one)
         _count_tensor_calls(self, patches, ("cpu", "copy_", *_SCALAR_READS), self._cost)
 
 
@@ -294,7 +266,7 @@ class D2HCounter(_Counter):
             return 0
         return size if name == "tolist" else t.element_size()
 
-    def install(self, patches: _Patches) -> None:
+    def install(self, patches: PatchSet) -> None:
         _count_tensor_calls(self, patches, ("cpu", "copy_", *_SCALAR_READS), self._cost)
 
     def on_kernel(self, kernel, bound: dict) -> None:
@@ -303,34 +275,11 @@ class D2HCounter(_Counter):
 
 # Dispatched ops that only make or reshape tensor metadata: never a launch.
 _METADATA_OPS = frozenset(
-    {
-        "view",
-        "_unsafe_view",
-        "as_strided",
-        "detach",
-        "alias",
-        "empty",
-        "empty_strided",
-        "new_empty",
-        "new_empty_strided",
-        "slice",
-        "select",
-        "t",
-        "expand",
-        "unsqueeze",
-        "squeeze",
-        "_reshape_alias",
-        "lift_fresh",
-        "is_pinned",
-        "unbind",
-        "split",
-        "set_",
-        "resolve_conj",
-        "resolve_neg",
-        "sym_size",
-        "sym_stride",
-        "sym_numel",
-    }
+    (
+        "view _unsafe_view as_strided detach alias empty empty_strided new_empty "
+        "new_empty_strided slice select t expand unsqueeze squeeze _reshape_alias lift_fresh "
+        "is_pinned unbind split set_ resolve_conj resolve_neg sym_size sym_stride sym_numel"
+    ).split()
 )
 
 
@@ -355,7 +304,7 @@ class LaunchCounter(_Counter):
         self.count += 1
         self.names[name] = self.names.get(name, 0) + 1
 
-    def install(self, patches: _Patches) -> None:
+    def install(self, patches: PatchSet) -> None:
         _count_tensor_calls(self, patches, ("cpu",), lambda *a: 1)
 
     def __enter__(self):
@@ -394,14 +343,10 @@ class _OpCounterMode(TorchDispatchMode):
 
 
 _SYNC_CALLS = frozenset(
-    {
-        "cudaStreamSynchronize",
-        "cudaEventSynchronize",
-        "cudaDeviceSynchronize",
-        "cuStreamSynchronize",
-        "cuEventSynchronize",
-        "cuCtxSynchronize",
-    }
+    (
+        "cudaStreamSynchronize cudaEventSynchronize cudaDeviceSynchronize cuStreamSynchronize "
+        "cuEventSynchronize cuCtxSynchronize"
+    ).split()
 )
 
 

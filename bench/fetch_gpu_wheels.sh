@@ -3,7 +3,8 @@
 #
 # Why: the GPU machine reaches no registry. Its image has torch, triton, pytest,
 # hypothesis, matplotlib, requests, aiohttp, psutil and tqdm (Python 3.12), but not SGLang
-# nor the few small packages that make sglang.srt.managers.overlap_utils import. These
+# nor the few small packages that make sglang.srt.managers.overlap_utils import, nor
+# pytest-benchmark (the kernel microbenchmarks) and pygal (their histogram). These
 # wheels (about 45 MB) travel with the working tree: name .whl in the device call's
 # `carry`; bench/gpu_check.sh installs them into /tmp/site when .whl/ is there.
 set -euo pipefail
@@ -16,6 +17,7 @@ PACKAGES=(
   pydantic pydantic-core typing-inspection annotated-types
   ipython ipython-pygments-lexers jedi parso traitlets decorator matplotlib-inline pexpect
   ptyprocess prompt_toolkit wcwidth stack_data asttokens executing pure-eval
+  pytest-benchmark py-cpuinfo pygal pygaljs
 )
 PLATFORMS=()
 for n in 34 28 27 26 17 5; do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done

@@ -1,46 +1,47 @@
 #!/usr/bin/env bash
-# One-shot device check of spec_fused on a single GPU (an H200): the selftest, the GPU-only
-# tests, and every benchmark, in well under 8 minutes, into OUTDIR.
+# One-shot device check of spec_fused on a single GPU (an H100 or H200): the selftest, the
+# GPU-only tests, the kernel microbenchmarks, the host-cost sweep and the engine A/B, in
+# under 8 minutes, into OUTDIR.
 #
 # Why a script: GPU time is lent in short slots; everything that needs the device runs
 # from this one prepared command, each stage under its own `timeout`, so one stuck stage
 # cannot eat the slot and the others still report. It never touches the network.
 #
-# The stages: `spec-fused selftest` first (correct here, and how much faster than SGLang
-# here; its JSON is kept); the GPU tests (bound direct launch, real streams, pinned
-# mirrors, graph capture, profiler counts, the sync detector); the kernel sweep; the
-# host-cost sweep (upstream vs spec_fused vs its wrapper alone vs the empty-launch floor);
-# the A/B replay three ways - needs_cpu_seq_lens=1 (FlashInfer-like: upstream pays the
-# full-pool D2H + sync), needs_cpu_seq_lens=0 (FA3: upstream is GPU-only already, so only
-# host time and launches can win) and the forced barrier-free DFLASH arm (what the WAR
-# barrier costs).
+# The stages: env; `spec-fused selftest` (correct here, and how much faster than SGLang
+# here; its JSON is kept); the GPU tests (tests/test_gpu.py: bound direct launch, real
+# streams, pinned mirrors, graph capture, profiler counts, the sync detector); the kernel
+# microbenchmarks (bench/kernel_sweep.py: pytest-benchmark, triton.testing device times);
+# the host-cost sweep (upstream vs spec_fused vs its wrapper alone vs the empty-launch
+# floor); the engine A/B (bench/ab_engine.py: Llama-3-8B-shaped dummy model, EAGLE-3 and
+# DFLASH, A = SGLang, B = the plugin), given whatever is left of TOTAL_BUDGET. Where
+# SGLang's GPU kernels (sgl_kernel, flashinfer) are not installed the engine stage says so
+# in one line and is skipped, not failed.
 #
 # Exit status: 0 when every stage succeeded. A GPU run in which no GPU test ran, or the
 # selftest failed, fails. Without a visible CUDA device it refuses (exit 3) unless
-# --dry-run, which runs the CPU --quick versions (CUDA hidden, TRITON_INTERPRET=1) so the
-# script itself is proven on CPU.
+# --dry-run, which runs the CPU quick versions (CUDA hidden, TRITON_INTERPRET=1; the engine
+# stage prints the GPU plan and runs the CPU parity check) so the script is proven on CPU.
 # Files written into OUTDIR (5; the device tool brings back 8 at most):
 #   env.txt            nvidia-smi, versions, stage exit codes, test counts, wall times
 #   selftest.txt       spec-fused selftest (its JSON is in results.tar.gz)
-#   gpu_tests.txt      python -m pytest -m gpu tests
+#   gpu_tests.txt      python -m pytest -m gpu tests/test_gpu.py
 #   bench.log          stdout/stderr of every benchmark (tables)
-#   results.tar.gz     selftest.json, kernel_sweep.*, host_overhead.*, ab_throughput.* and
-#                      the folders ab_ncsl0/, ab_barrier_free/: unpack into
-#                      bench/results/<device>/
+#   results.tar.gz     selftest.json, kernel_sweep.* (pytest-benchmark JSON, SVG histogram,
+#                      PNG), host_overhead.*, ab_engine.*: unpack into bench/results/<device>/
 set -uo pipefail
 
 usage() {
   cat <<'EOF'
 usage: bash bench/gpu_check.sh OUTDIR [--dry-run]
 
-On a CUDA machine: env + `spec-fused selftest` + `pytest -m gpu tests` + kernel_sweep +
-host_overhead + three A/B replays (needs_cpu_seq_lens 1 and 0, forced barrier-free),
-results into OUTDIR. Without a visible CUDA device it refuses, unless --dry-run: then it
-runs the CPU --quick versions (CUDA hidden, TRITON_INTERPRET=1), so the script itself is
-proven on CPU. Stage limits (seconds): SELFTEST_TIMEOUT [90], TESTS_TIMEOUT [120],
-SWEEP_TIMEOUT [60], HOST_TIMEOUT [60], AB_TIMEOUT [60], AB_EXTRA_TIMEOUT [40] for each of
-the two extra replays; PYTHON [python3]. Carried wheels in .whl/
-(bench/fetch_gpu_wheels.sh) are installed into /tmp/site first.
+On a CUDA machine: env + `spec-fused selftest` + `pytest -m gpu tests/test_gpu.py` +
+kernel_sweep + host_overhead + the engine A/B, results into OUTDIR, in TOTAL_BUDGET
+seconds [470]. Without a visible CUDA device it refuses, unless --dry-run: then it runs
+the CPU quick versions (CUDA hidden, TRITON_INTERPRET=1), so the script itself is proven
+on CPU. Stage limits (seconds): SELFTEST_TIMEOUT [90], TESTS_TIMEOUT [120], SWEEP_TIMEOUT
+[60], HOST_TIMEOUT [90]; the engine A/B gets what is left of TOTAL_BUDGET. PYTHON
+[python3]. Carried wheels in .whl/ (bench/fetch_gpu_wheels.sh) are installed into
+/tmp/site first.
 EOF
 }
 
@@ -61,9 +62,8 @@ PYTHON=${PYTHON:-python3}
 SELFTEST_TIMEOUT=${SELFTEST_TIMEOUT:-90}
 TESTS_TIMEOUT=${TESTS_TIMEOUT:-120}
 SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-60}
-HOST_TIMEOUT=${HOST_TIMEOUT:-60}
-AB_TIMEOUT=${AB_TIMEOUT:-60}
-AB_EXTRA_TIMEOUT=${AB_EXTRA_TIMEOUT:-40}
+HOST_TIMEOUT=${HOST_TIMEOUT:-90}
+TOTAL_BUDGET=${TOTAL_BUDGET:-470}
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 cd "$ROOT"
@@ -77,6 +77,7 @@ export TQDM_DISABLE=1  # progress bars would only clutter bench.log
 HAVE_CUDA=$("$PYTHON" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null \
             || echo 0)
 QUICK=()
+SWEEP=(--quick --batches 1 4 16 64 256 1024 4096 --pools 4096 65536)
 if [[ $DRY_RUN != 1 && $HAVE_CUDA != 1 ]]; then
   echo "gpu_check: no CUDA device is visible; this is not a GPU check (use --dry-run to" \
        "prove the script on CPU)" >&2
@@ -86,6 +87,7 @@ if [[ $DRY_RUN == 1 ]]; then
   MODE="cpu-quick (dry run: CUDA hidden, Triton interpreter)"
   export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1
   QUICK=(--quick)
+  SWEEP=(--quick)
 else
   MODE="cuda-full"
   # Wheels carried from the dev machine (bench/fetch_gpu_wheels.sh, Python 3.12): SGLang
@@ -94,6 +96,13 @@ else
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site "$ROOT"/.whl/*.whl \
       && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  # SGLang's load_plugins() finds spec_fused by its entry point: install it where it is not
+  if ! "$PYTHON" -c "import importlib.metadata as m, sys
+sys.exit('spec_fused' not in m.entry_points(group='sglang.srt.plugins').names)" 2>/dev/null
+  then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation -e "$ROOT" \
+      > /dev/null 2>&1 || echo "gpu_check: spec_fused's entry point could not be installed" >&2
   fi
 fi
 
@@ -134,9 +143,6 @@ stage() {  # $1 = name, $2 = timeout (s), $3 = output file, rest = command
 : > "$OUTDIR/gpu_tests.txt"
 WORK="$OUTDIR/results"
 rm -rf "$WORK" && mkdir -p "$WORK"
-# The A/B grid: the concurrencies the regression was measured at, and above.
-AB_GRID=(--concurrency 1 32 128 256 --rounds 3 --steps 80 --warmup-steps 10)
-(( ${#QUICK[@]} )) && AB_GRID=(--concurrency 1 32 --rounds 2 --steps 30 --warmup-steps 5)
 SELFTEST_ARGS=(--json "$WORK/selftest.json")
 (( ${#QUICK[@]} )) && SELFTEST_ARGS+=(--quick)
 : > "$OUTDIR/selftest.txt"
@@ -159,18 +165,20 @@ print(f"gpu_tests: {passed} passed, {failed} failed, {skipped} skipped ({mode})"
 sys.exit(1 if mode == "cuda-full" and (passed == 0 or failed) else 0)
 PY
 stage kernel_sweep "$SWEEP_TIMEOUT" "$LOG" \
-  "$PYTHON" -m bench.kernel_sweep "${QUICK[@]}" --out "$WORK"
+  "$PYTHON" -m bench.kernel_sweep "${SWEEP[@]}" --out "$WORK"
 stage host_overhead "$HOST_TIMEOUT" "$LOG" \
   "$PYTHON" -m bench.host_overhead "${QUICK[@]}" --out "$WORK"
-stage ab_ncsl1 "$AB_TIMEOUT" "$LOG" \
-  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" "${AB_GRID[@]}" --needs-cpu-seq-lens 1 \
-  --out "$WORK"
-stage ab_ncsl0 "$AB_EXTRA_TIMEOUT" "$LOG" \
-  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" "${AB_GRID[@]}" --needs-cpu-seq-lens 0 \
-  --out "$WORK/ab_ncsl0"
-stage ab_barrier_free "$AB_EXTRA_TIMEOUT" "$LOG" \
-  "$PYTHON" -m bench.ab_throughput "${QUICK[@]}" "${AB_GRID[@]}" --algorithms DFLASH \
-  --force-barrier-free --needs-cpu-seq-lens 0 --out "$WORK/ab_barrier_free"
+# The engine A/B: the GPU plan first (one JSON line), then the run in what is left.
+stage engine_plan 60 "$LOG" "$PYTHON" -m bench.ab_engine --device cuda --dry-run
+LEFT=$(( TOTAL_BUDGET - SECONDS ))
+(( LEFT < 60 )) && LEFT=60
+if [[ $DRY_RUN == 1 ]]; then
+  ENGINE=(--device cpu --concurrency 1 --rounds 1)  # the parity check on the toy model
+else
+  ENGINE=(--device cuda --concurrency 1 16 64 256 --max-new 32 --budget-s $(( LEFT - 30 )))
+fi
+stage engine_ab "$LEFT" "$LOG" "$PYTHON" -m bench.ab_engine "${ENGINE[@]}" --out "$WORK"
+grep -m1 "^ab_engine: skipped" "$LOG" | tee -a "$ENV_TXT"
 
 tar -C "$WORK" -czf "$OUTDIR/results.tar.gz" . && rm -rf "$WORK"
 echo "total: ${SECONDS}s" | tee -a "$ENV_TXT"

@@ -2,9 +2,8 @@
 
 Why one small module: every benchmark ends the same way - a JSON with the versions the
 numbers depend on, printed tables, a PNG, one line saying where they went - and must be
-read side by side. FutureMap fixtures live in the package (``spec_fused.tools.traces`` and
-``spec_fused.tools.measure``, which ``selftest`` uses too); the op counters in
-``bench/counters.py``.
+read side by side. The relay-step providers live in ``bench/measure.py`` (on
+``spec_fused.tools.traces``' FutureMap), the op counters in ``bench/counters.py``.
 
 Importing this module on a machine without CUDA sets ``TRITON_INTERPRET=1`` (unless the
 caller chose otherwise) *before* Triton or SGLang is imported, so the fused kernel runs
@@ -23,7 +22,6 @@ import re
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Optional
@@ -276,29 +274,3 @@ def prepare_device(device: torch.device) -> dict:
     if device.type == "cpu":
         torch.set_num_threads(1)
     return {"torch_threads": torch.get_num_threads()}
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def spin_until(deadline: float) -> None:
-    """Busy-wait (host work of a calibrated cost; ``time.sleep`` would free the core)."""
-    while time.perf_counter() < deadline:
-        pass
-
-
-def host_time_us(step: Callable[[], None], device: torch.device, *, reps: int, warmup: int) -> list:
-    """Wall time of each of ``reps`` calls of ``step`` (µs), after ``warmup`` calls."""
-    for _ in range(warmup):
-        step()
-    synchronize(device)
-    times = []
-    clock = time.perf_counter
-    for _ in range(reps):
-        t0 = clock()
-        step()
-        times.append((clock() - t0) * 1e6)
-    synchronize(device)
-    return times

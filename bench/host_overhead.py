@@ -10,8 +10,7 @@ on the real SGLang ``FutureMap`` class, in one process, providers interleaved:
 * ``upstream``        SGLang's ``FutureMap`` as shipped;
 * ``spec_fused``      patched, on the production backend (compiled Triton through the
                       bound launcher on CUDA; the plain-torch reference on a CPU server);
-                      the providers are ``spec_fused.tools.measure``'s, which ``spec-fused
-                      selftest`` times too;
+                      the providers are ``bench/measure.py``'s;
 * ``spec_fused-null`` patched, ``SPEC_FUSED_FORCE_BACKEND=null SPEC_FUSED_BENCH=1``: the
                       whole hot path with no device work, i.e. the wrapper alone;
 * ``spec_fused-jit`` (CUDA only): spec_fused with its direct launch turned off, every
@@ -29,7 +28,8 @@ both, cancels instead of landing on one provider's median.
 
 A second table prices the hook layer itself: one call through SGLang's ``HookRegistry``
 AROUND and REPLACE forms and through a direct replacement (what spec_fused installs), on
-a probe class with an empty method, so nothing but the layer is timed.
+a probe class with an empty method, so nothing but the layer is timed
+(``torch.utils.benchmark.Timer``).
 
 Nothing here asserts a time; each provider's lengths are checked once against what was
 published (outside the timed blocks), except the null provider, whose results are
@@ -42,11 +42,12 @@ unspecified by design.
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 
-from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton is imported
-from spec_fused.tools import measure
+from bench import (
+    harness,  # first: sets TRITON_INTERPRET on CPU before triton is imported
+    measure,
+)
 
 ALGORITHMS = ("EAGLE", "DFLASH")
 FULL_BATCHES = (1, 4, 16, 64, 256, 1024)
@@ -158,34 +159,27 @@ def _install(form: str):
     return undo
 
 
-def hook_forms(rounds: int, calls: int) -> list:
-    """ns per call of a method reached through each hook form (``none`` = unpatched)."""
-    probe = _Probe()
-    forms = ("none", "direct", "replace", "around")
-    samples = {f: [] for f in forms}
-    for r in range(rounds):
-        for form in forms[r % 4 :] + forms[: r % 4]:
-            undo = _install(form) if form != "none" else (lambda: None)
-            try:
-                step = probe.step
-                gc.disable()
-                t0 = time.perf_counter_ns()
-                for _ in range(calls):
-                    probe.step(1, 2)
-                samples[form].append((time.perf_counter_ns() - t0) / calls)
-                gc.enable()
-            finally:
-                undo()
-            del step
-    base = harness.median(samples["none"])
-    return [
-        {
-            "form": f,
-            "ns_per_call": harness.median(samples[f]),
-            "ns_over_unpatched": harness.median(samples[f]) - base,
-        }
-        for f in forms
-    ]
+def hook_forms(min_run_time: float) -> list:
+    """ns per call of a method reached through each hook form (``none`` = unpatched),
+    timed by ``torch.utils.benchmark.Timer`` (median of its blocked autorange)."""
+    from torch.utils.benchmark import Timer
+
+    probe, rows = _Probe(), []
+    for form in ("none", "direct", "replace", "around"):
+        undo = _install(form) if form != "none" else (lambda: None)
+        try:
+            timer = Timer("probe.step(1, 2)", globals={"probe": probe})
+            ns = timer.blocked_autorange(min_run_time=min_run_time).median * 1e9
+        finally:
+            undo()
+        rows.append(
+            {
+                "form": form,
+                "ns_per_call": ns,
+                "ns_over_unpatched": ns - rows[0]["ns_per_call"] if rows else 0.0,
+            }
+        )
+    return rows
 
 
 # --------------------------------------------------------------------------- report
@@ -297,7 +291,7 @@ def main(argv=None) -> dict:
     prepared = harness.prepare_device(device)
     t0 = time.perf_counter()
     rows = sweep(args, device)
-    forms = hook_forms(rounds=9, calls=100_000 if not args.quick else 30_000)
+    forms = hook_forms(min_run_time=0.2 if args.quick else 1.0)
     out_dir = harness.results_dir(device, args.out)
     payload = {
         "device": harness.device_name(device),

@@ -1,72 +1,54 @@
-"""Kernel sweep: one relay round trip (publish + resolve) per provider, batch and pool size.
-
-Why: the fused relay replaces SGLang's per-step scatter + event + gather + whole-pool D2H +
-synchronize + host sum with one launch. Its worth is launch and sync overhead, so this
-sweep measures exactly that, on the *real* SGLang ``FutureMap`` class, for
+"""Kernel microbenchmarks: one relay round trip (publish + resolve) per provider, batch and
+pool size, as pytest-benchmark benchmarks (``pytest --benchmark-only``: its JSON, its
+histogram), on the *real* SGLang ``FutureMap`` class:
 
 * ``upstream``            SGLang's own ``FutureMap`` (unpatched), exact host lengths (EAGLE):
                           on CUDA its pinned-mirror + private-stream + synchronize path;
 * ``fused-exact``         the patched ``FutureMap`` (``sglang_patch.apply()``), EAGLE:
                           the ``war_guarded`` variant, exact host lengths from the launch;
-* ``fused-barrier-free``  the patched ``FutureMap``, DFLASH with ``SPEC_FUSED_WAR_BARRIER=0
-                          SPEC_FUSED_HOST_SEQ_LENS=reserved``: no host lengths, no sync;
+* ``fused-barrier-free``  the patched ``FutureMap``, DFLASH with ``SPEC_FUSED_WAR_BARRIER=0``
+                          and no host lengths: no sync;
 * ``floor``               one near-empty Triton launch: the least any one-launch relay costs.
 
-All providers run interleaved per size in one process (the patch is class-level, so each
-provider is measured in the patch state it needs). Per provider and size:
+Per benchmark: pytest-benchmark's host wall time of the step call (its rounds and stats);
+in ``extra_info`` the step's ``launches``, ``host_syncs`` and ``d2h_bytes``
+(``bench/counters.py``), and on CUDA ``device_us`` (``triton.testing.do_bench``, event-timed
+on the caller's stream, so a step's own host sync is in it) and ``device_graph_us``
+(``do_bench_cudagraph``, where the step does not block the host). Each provider's lengths
+are checked once against what was published; no time is asserted.
 
-* ``device_us``: ``triton.testing.do_bench`` median on CUDA (event-timed on the caller's
-  stream, so it includes any host sync inside the step), null on CPU;
-  ``device_graph_us``: ``do_bench_cudagraph`` where the step is capturable (not
-  ``upstream`` / ``fused-exact``, whose steps block the host), else null;
-* ``host_us``: median wall time of the Python step call after warmup;
-* ``launches``, ``d2h_bytes``, ``host_syncs`` per step (rules in ``bench/harness.py``).
+On CPU the fused kernel runs in the Triton interpreter: its times are not speed, the counts
+are the result.
 
-On CPU the fused kernel runs in the Triton interpreter (``TRITON_INTERPRET=1``): its
-timings are not speed, the counts are the result. Benchmarks never assert timings; the
-sweep only checks that every provider resolved the lengths it published.
-
-    TRITON_INTERPRET=1 python -m bench.kernel_sweep --quick    # CPU, < ~3 min
-    python -m bench.kernel_sweep --out /tmp/run                # CUDA, full sweep
+    python -m bench.kernel_sweep --quick          # CPU, under a minute
+    python -m bench.kernel_sweep --out /tmp/run   # CUDA, full sweep
+    pytest bench/kernel_sweep.py --benchmark-only # the benchmarks alone (KERNEL_SWEEP_* sizes)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import torch
 
-from bench import counters, harness  # first: sets TRITON_INTERPRET on CPU before triton
-from spec_fused.tools import measure, traces
+from bench import counters, harness, measure  # first: sets TRITON_INTERPRET on CPU before triton
+from spec_fused.tools import traces
 
 PROVIDERS = ("upstream", "fused-exact", "fused-barrier-free", "floor")
 FULL_BATCHES = tuple(2**i for i in range(13))  # 1 .. 4096
-QUICK_BATCHES = (1, 4, 16, 64, 256, 1024, 4096)
+QUICK_BATCHES = (1, 16, 256, 4096)
 FULL_POOLS = (4096, 65536)
 QUICK_POOLS = (4096,)
+ENV = {"batches": "KERNEL_SWEEP_BATCHES", "pools": "KERNEL_SWEEP_POOLS"}
 
-
-_floor_kernel = measure._empty_kernel
-counters.track_kernel(_floor_kernel)
-
-
-@dataclass
-class Settings:
-    host_reps: int
-    host_warmup: int
-    count_reps: int
-    bench_warmup_ms: int
-    bench_rep_ms: int
-
-    @classmethod
-    def for_run(cls, device: torch.device, quick: bool) -> Settings:
-        if device.type == "cuda":
-            return cls(200 if quick else 500, 20, 5, 5 if quick else 10, 25 if quick else 50)
-        return cls(25 if quick else 50, 3, 2, 0, 0)
+counters.track_kernel(measure._empty_kernel)
 
 
 @dataclass
@@ -108,7 +90,7 @@ class Relays:
         return cls(maps)
 
 
-def _relay_case(provider, fm, relay, idx, vals, *, patched, host_lengths, capturable):
+def _relay_case(provider, fm, relay, idx, vals, *, host_lengths):
     batch = traces.decode_batch(idx)
 
     def step():
@@ -122,168 +104,136 @@ def _relay_case(provider, fm, relay, idx, vals, *, patched, host_lengths, captur
 
     extra = {
         "variant": relay.variant if relay else "sglang",
-        # the fused host row: stored by the kernel into pinned memory, invisible to
-        # the profiler (lengths, sum, stamp)
+        # the fused host row (lengths, sum, stamp): stored by the kernel into pinned
+        # memory, invisible to the profiler
         "zero_copy_bytes": 8 * (idx.numel() + 2) if provider == "fused-exact" else 0,
     }
-    return Case(
-        provider,
-        step,
-        patched,
-        [fm.__dict__["new_seq_lens_buf"], idx, vals],
-        capturable,
-        check,
-        extra,
-        relay,
-    )
+    roles = [fm.__dict__["new_seq_lens_buf"], idx, vals]
+    capturable = provider == "fused-barrier-free"  # the others block the host
+    return Case(provider, step, provider != "upstream", roles, capturable, check, extra, relay)
 
 
-def build_cases(relays: Relays, device: torch.device, pool: int, batch: int, seed: int) -> list:
+def build_case(relays: Relays, device, pool: int, batch: int, provider: str, seed: int) -> Case:
     gen = torch.Generator().manual_seed(seed * 1_000_003 + pool + batch)
     idx = torch.randperm(pool, generator=gen)[:batch].to(device)
     vals = torch.randint(1, 1 << 15, (batch,), generator=gen, dtype=torch.int64).to(device)
-    cases = []
-    for provider in PROVIDERS:
-        if provider == "floor":
-            scratch = torch.zeros(1, dtype=torch.int64, device=device)
-            cases.append(
-                Case(
-                    "floor",
-                    lambda s=scratch: _floor_kernel[(1,)](s),
-                    None,
-                    [scratch],
-                    True,
-                    extra={"variant": "empty launch"},
-                )
-            )
-            continue
-        fm, relay = relays.maps[provider]
-        cases.append(
-            _relay_case(
-                provider,
-                fm,
-                relay,
-                idx,
-                vals,
-                patched=provider != "upstream",
-                host_lengths=provider != "fused-barrier-free",
-                capturable=provider in ("fused-barrier-free",),
-            )
+    if provider == "floor":
+        scratch = torch.zeros(1, dtype=torch.int64, device=device)
+        return Case(
+            "floor",
+            lambda: measure._empty_kernel[(1,)](scratch),
+            None,
+            [scratch],
+            True,
+            extra={"variant": "empty launch", "zero_copy_bytes": 0},
         )
-    # Patched providers last, together: two patch flips per size instead of four.
-    order = {"upstream": 0, "floor": 1, "fused-exact": 2, "fused-barrier-free": 3}
-    return sorted(cases, key=lambda c: order[c.provider])
+    fm, relay = relays.maps[provider]
+    host = provider != "fused-barrier-free"
+    return _relay_case(provider, fm, relay, idx, vals, host_lengths=host)
 
 
-def device_times(case: Case, device: torch.device, cfg: Settings) -> tuple:
-    """``(device_us, device_graph_us, graph_note)``; nulls on CPU or where not capturable."""
+def device_times(case: Case, device: torch.device) -> dict:
+    """``device_us`` / ``device_graph_us`` (``triton.testing``); empty on CPU."""
     if device.type != "cuda":
-        return None, None, "no device timing on CPU"
+        return {}
     from triton.testing import do_bench, do_bench_cudagraph
 
-    dev = (
-        do_bench(case.step, warmup=cfg.bench_warmup_ms, rep=cfg.bench_rep_ms, return_mode="median")
-        * 1e3
-    )
+    out = {"device_us": do_bench(case.step, warmup=10, rep=50, return_mode="median") * 1e3}
     if not case.capturable:
-        return dev, None, "step blocks the host (synchronize): not capturable"
+        out["device_note"] = "step blocks the host (synchronize): not capturable"
+        return out
     try:
-        graph = do_bench_cudagraph(case.step, rep=cfg.bench_rep_ms, return_mode="median") * 1e3
-        return dev, graph, ""
+        out["device_graph_us"] = do_bench_cudagraph(case.step, rep=50, return_mode="median") * 1e3
     except Exception as exc:  # a capture failure is a result, not a crash
         torch.cuda.synchronize()
-        return dev, None, f"capture failed: {type(exc).__name__}: {exc}"[:200]
+        out["device_note"] = f"capture failed: {type(exc).__name__}: {exc}"[:200]
+    return out
 
 
-def _self_reported(case: Case) -> Optional[int]:
-    """The relay's own launch count (``FusedRelay.launches``), a cross-check of ours."""
-    return None if case.relay is None else getattr(case.relay, "launches", None)
-
-
-def measure_case(
-    case: Case, device: torch.device, pool: int, batch: int, cfg: Settings, mode: str
-) -> dict:
+def prepare(case: Case, device: torch.device) -> dict:
+    """Put the patch state the case needs, check its lengths once, count its step."""
     if case.patched is not None:
         measure.set_patched(case.patched)
     if case.check is not None:
         case.check()
     counts = counters.count_step(
-        case.step,
-        device,
-        roles=case.roles,
-        reps=cfg.count_reps,
-        zero_copy_bytes=case.extra["zero_copy_bytes"] if "zero_copy_bytes" in case.extra else 0,
+        case.step, device, roles=case.roles, reps=4, zero_copy_bytes=case.extra["zero_copy_bytes"]
     )
-    before = _self_reported(case)
-    host = harness.host_time_us(case.step, device, reps=cfg.host_reps, warmup=cfg.host_warmup)
-    after = _self_reported(case)
-    calls = cfg.host_reps + cfg.host_warmup
-    dev, graph, note = device_times(case, device, cfg)  # last: a capture leaves state behind
-    row = {
-        "provider": case.provider,
-        "pool": pool,
-        "batch": batch,
-        "device_us": dev,
-        "host_us": harness.median(host),
+    own = None  # the relay's own launch count per step, a cross-check of the counters'
+    if case.relay is not None:
+        launches0 = case.relay.launches
+        for _ in range(3):
+            case.step()
+        own = (case.relay.launches - launches0) / 3
+    return {
         "launches": counts["launches"],
-        "d2h_bytes": counts["d2h_bytes"],
         "host_syncs": counts["host_syncs"],
-        "device_graph_us": graph,
-        "host_us_p10": harness.percentile(host, 10),
-        "host_us_p90": harness.percentile(host, 90),
-        "host_reps": len(host),
+        "d2h_bytes": counts["d2h_bytes"],
         "validation_ops": counts["validation_ops"],
         "launch_names": counts["launch_names"],
         "launch_source": counts["launch_source"],
-        "relay_reported_launches": None if before is None else (after - before) / calls,
-        "mode": mode,
-        **case.extra,
+        "relay_reported_launches": own,
+        "variant": case.extra["variant"],
     }
-    if note:
-        row["device_note"] = note
-    return row
 
 
-def sweep(
-    device: torch.device, pools, batches, cfg: Settings, seed: int, providers=PROVIDERS
-) -> list:
-    from tqdm import tqdm
+# --------------------------------------------------------------------------- the benchmarks
 
-    mode = (
-        "interpreter"
-        if harness.kernel_backend(device) == "interpreter"
-        else harness.kernel_backend(device)
-    )
+
+def _sizes(name: str, default) -> list:
+    raw = os.environ.get(ENV[name], "")
+    return [int(x) for x in raw.split()] if raw else list(default)
+
+
+def pytest_generate_tests(metafunc):
+    if {"pool", "batch", "provider"} <= set(metafunc.fixturenames):
+        pools, batches = _sizes("pools", QUICK_POOLS), _sizes("batches", QUICK_BATCHES)
+        providers = os.environ.get("KERNEL_SWEEP_PROVIDERS", " ".join(PROVIDERS)).split()
+        cells = [(p, b, v) for p in pools for b in batches if b <= p for v in providers]
+        ids = [f"pool{p}-bs{b}-{v}" for p, b, v in cells]
+        metafunc.parametrize(("pool", "batch", "provider"), cells, ids=ids)
+
+
+_relays: dict = {}
+
+
+def test_relay_step(benchmark, pool, batch, provider):
+    device = harness.pick_device()
+    harness.prepare_device(device)
+    if pool not in _relays:
+        _relays[pool] = Relays.build(device, pool)
+    case = build_case(_relays[pool], device, pool, batch, provider, seed=0)
+    try:
+        info = prepare(case, device)
+        benchmark.group = f"pool {pool}"
+        benchmark(case.step)
+        info.update(device_times(case, device))  # last: a capture leaves state behind
+        benchmark.extra_info.update(info, provider=provider, pool=pool, batch=batch)
+    finally:
+        measure.set_patched(False)
+
+
+# --------------------------------------------------------------------------- the command
+
+COLUMNS = ("provider", "pool", "batch", "host_us", "device_us", "device_graph_us")
+COLUMNS += ("launches", "host_syncs", "d2h_bytes")
+
+
+def rows_of(bench_json: dict) -> list:
+    """One row per benchmark: its extra_info and pytest-benchmark's median (µs)."""
     rows = []
-    total = len(pools) * sum(1 for b in batches) * len(providers)
-    with tqdm(total=total, desc="kernel_sweep", unit="case", dynamic_ncols=True) as bar:
-        for pool in pools:
-            relays = Relays.build(device, pool)
-            for batch in batches:
-                if batch > pool:
-                    bar.update(len(providers))
-                    continue
-                for case in build_cases(relays, device, pool, batch, seed):
-                    if case.provider not in providers:
-                        continue
-                    bar.set_postfix_str(f"pool={pool} batch={batch} {case.provider}", refresh=False)
-                    rows.append(measure_case(case, device, pool, batch, cfg, mode))
-                    bar.update(1)
-            measure.set_patched(False)
+    for b in bench_json["benchmarks"]:
+        stats = b["stats"]
+        rows.append(
+            {
+                **b["extra_info"],
+                "host_us": stats["median"] * 1e6,
+                "host_us_min": stats["min"] * 1e6,
+                "host_us_iqr": stats["iqr"] * 1e6,
+                "host_rounds": stats["rounds"],
+            }
+        )
     return rows
-
-
-TABLE_COLUMNS = (
-    "provider",
-    "pool",
-    "batch",
-    "device_us",
-    "device_graph_us",
-    "host_us",
-    "launches",
-    "d2h_bytes",
-    "host_syncs",
-)
 
 
 def plot(rows: list, path, device: torch.device) -> None:
@@ -293,8 +243,7 @@ def plot(rows: list, path, device: torch.device) -> None:
     import matplotlib.pyplot as plt
 
     pools = sorted({r["pool"] for r in rows})
-    # On CPU the microseconds are the Triton interpreter's and mean nothing: plot the
-    # counts, which are the CPU result. (Host cost on CPU: bench/host_overhead.py.)
+    # On CPU the microseconds are the Triton interpreter's and mean nothing: plot the counts.
     metrics = ["device_us", "host_us"] if device.type == "cuda" else ["launches", "d2h_bytes"]
     fig, axes = plt.subplots(
         len(metrics), len(pools), squeeze=False, figsize=(6.5 * len(pools), 4.5 * len(metrics))
@@ -304,14 +253,13 @@ def plot(rows: list, path, device: torch.device) -> None:
             series = {}
             for provider in PROVIDERS:
                 pts = sorted(
-                    (r["batch"], r[metric])
+                    (r["batch"], r.get(metric))
                     for r in rows
                     if r["pool"] == pool and r["provider"] == provider
                 )
                 if pts:
                     series[provider] = tuple(zip(*pts))
             title = f"{metric} per relay step, pool={pool}"
-            unit = "µs" if metric.endswith("_us") else "per step"
             if device.type != "cuda":
                 title += "\nCPU: counts (interpreter timings are not speed and not shown)"
             harness.plot_lines(
@@ -319,7 +267,7 @@ def plot(rows: list, path, device: torch.device) -> None:
                 path,
                 title=title,
                 xlabel="batch size",
-                ylabel=f"{metric} ({unit})",
+                ylabel=metric,
                 ax=axes[i][j],
                 logy=metric != "launches",
             )
@@ -329,76 +277,75 @@ def plot(rows: list, path, device: torch.device) -> None:
     plt.close(fig)
 
 
-def summary(rows: list) -> list:
-    """Counts per provider (constant over sizes, or a range where they vary)."""
-    out = []
-    for provider in PROVIDERS:
-        mine = [r for r in rows if r["provider"] == provider]
-        if not mine:
-            continue
-
-        def span(key, mine=mine):
-            vals = [r[key] for r in mine]
-            lo, hi = min(vals), max(vals)
-            return str(lo) if lo == hi else f"{lo}..{hi}"
-
-        out.append(
-            {
-                "provider": provider,
-                "launches": span("launches"),
-                "host_syncs": span("host_syncs"),
-                "d2h_bytes": span("d2h_bytes"),
-            }
-        )
-    return out
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bench.kernel_sweep",
-        description="Relay round trip (publish + resolve) per provider, batch and pool size.",
-        epilog="On CPU set TRITON_INTERPRET=1 (done automatically when CUDA is absent).",
+        description="Relay round trip (publish + resolve) per provider, batch and pool size, "
+        "through pytest-benchmark.",
     )
     harness.add_common_args(parser)
     parser.add_argument("--batches", type=int, nargs="+", help="override the batch sizes")
     parser.add_argument("--pools", type=int, nargs="+", help="override the pool sizes")
     parser.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
-    parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> dict:
+    import pytest
+
     args = parse_args(argv)
     device = harness.pick_device()
     batches = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
     pools = args.pools or (QUICK_POOLS if args.quick else FULL_POOLS)
-    cfg = Settings.for_run(device, args.quick)
-    prepared = harness.prepare_device(device)
-    t0 = time.perf_counter()
-    rows = sweep(device, pools, batches, cfg, args.seed, tuple(args.providers))
     out_dir = harness.results_dir(device, args.out)
-    payload = {
-        "device": harness.device_name(device),
-        "versions": harness.versions(device),
-        "rows": rows,
-        "mode": rows[0]["mode"] if rows else None,
-        "config": {
+    path = out_dir / "kernel_sweep.json"
+    os.environ.update(
+        KERNEL_SWEEP_BATCHES=" ".join(map(str, batches)),
+        KERNEL_SWEEP_POOLS=" ".join(map(str, pools)),
+        KERNEL_SWEEP_PROVIDERS=" ".join(args.providers),
+    )
+    on_cpu = device.type == "cpu"
+    cmd = [__file__, "-q", "-p", "no:cacheprovider", "--benchmark-only"]
+    cmd += [f"--benchmark-json={path}", "--benchmark-columns=min,median,iqr,rounds"]
+    # CPU: interpreter times mean nothing, a few rounds show the shape; CUDA: short too
+    max_time = 0.05 if on_cpu else (0.1 if args.quick else 0.5)
+    cmd += [f"--benchmark-max-time={max_time}", "--benchmark-min-rounds=3"]
+    try:
+        import pygal  # noqa: F401  (pytest-benchmark's histogram)
+
+        cmd.append(f"--benchmark-histogram={out_dir / 'kernel_sweep'}")
+    except ImportError:
+        print("kernel_sweep: no histogram (pygal is not installed: pytest-benchmark[histogram])")
+    t0 = time.perf_counter()
+    rc = pytest.main(cmd)
+    if rc != 0:
+        raise SystemExit(f"kernel_sweep: pytest exited {rc}")
+    data = json.loads(path.read_text())
+    for bench in data["benchmarks"]:
+        bench["stats"].pop("data", None)  # every round's raw time: the histogram has them
+    rows = rows_of(data)
+    data.update(
+        device=harness.device_name(device),
+        versions=harness.versions(device),
+        mode=harness.kernel_backend(device),
+        rows=rows,
+        config={
             "quick": args.quick,
             "batches": list(batches),
             "pools": list(pools),
-            **vars(cfg),
-            **prepared,
-            "seed": args.seed,
             "wall_s": round(time.perf_counter() - t0, 1),
         },
-    }
-    tables = [
-        harness.format_table(rows, TABLE_COLUMNS),
-        harness.format_table(summary(rows), ("provider", "launches", "host_syncs", "d2h_bytes")),
-    ]
+    )
     draw = None if args.no_plot or not rows else (lambda png: plot(rows, png, device))
+    svgs = sorted(Path(out_dir).glob("kernel_sweep*.svg"))
     return harness.write_results(
-        "kernel_sweep", out_dir, payload, tables=tables, plot=draw, count=f"{len(rows)} rows"
+        "kernel_sweep",
+        out_dir,
+        data,
+        tables=[harness.format_table(rows, COLUMNS)],
+        plot=draw,
+        count=f"{len(rows)} benchmarks",
+        also=svgs,
     )
 
 

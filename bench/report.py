@@ -23,7 +23,7 @@ def _fmt(v, digits=1):
     return str(v)
 
 
-def kernel_table(path: Path, pool: int, batches=(1, 256, 4096)) -> str:
+def kernel_table(path: Path, pool: int, batches=(1, 4096)) -> str:
     data = json.loads(path.read_text())
     rows = {(r["provider"], r["batch"]): r for r in data["rows"] if r["pool"] == pool}
     timed = data["device"] != "cpu"  # on CPU the µs are the interpreter's: left out
@@ -91,58 +91,21 @@ def host_table(path: Path, batches=(1, 1024)) -> str:
     return "\n".join(lines)
 
 
-_NOISE = {True: "within noise", False: "beyond noise"}
-
-
-def ab_table(path: Path) -> str:
-    data = json.loads(path.read_text())
-    summary = data.get("summary", [])
-    lines = [
-        f"ab_throughput, device `{data['device']}`, arm B kernel backend "
-        f"`{data.get('config', {}).get('kernel_backend', '?')}`",
-        "",
-        "| algorithm | concurrency | A tok/s | B tok/s | C tok/s | B/A | B vs A | "
-        "recovered A→C | B variant | WAR barrier A / B / C |",
-        "|---|---:|---:|---:|---:|---:|---|---:|---|---|",
-    ]
-    for s in summary:
-        share = s.get("gap_share_recovered")
-        barriers = " / ".join(
-            {True: "on", False: "off"}.get(s.get(f"{arm}_barrier"), "-") for arm in "ABC"
-        )
-        lines.append(
-            f"| {s['algorithm']} | {s['concurrency']} | {_fmt(s['A_tok_s'])} | "
-            f"{_fmt(s['B_tok_s'])} | {_fmt(s['C_tok_s'])} | {_fmt(s['B_over_A'], 3)} | "
-            f"{_NOISE.get(s.get('B_vs_A_within_noise'), '-')} | "
-            f"{'-' if share is None else f'{share:.0%}'} | {s.get('B_variant', '')} | "
-            f"{barriers} |"
-        )
-    return "\n".join(lines)
-
-
 def engine_table(path: Path) -> str:
-    """The A/B on the real engine (``bench/ab_engine.py``)."""
+    """The A/B on the real engine (``bench/ab_engine.py``): on CPU its parity check."""
+    from bench import ab_engine, harness
+
     data = json.loads(path.read_text())
-    cfg = data["config"]
-    lines = [
-        f"ab_engine, device `{data['device']}`: {cfg['note']}; {cfg['rounds']} rounds, "
-        f"{cfg['max_new_tokens']} tokens per request, median over rounds",
-        "",
-        "| configuration | concurrency | A tok/s | B tok/s | B/A (rounds' band) | B vs A | "
-        "A / B ms per step | WAR barrier A / B | host lengths A / B | relay steps B |",
-        "|---|---:|---:|---:|---|---|---|---|---|---|",
-    ]
-    onoff = {True: "on", False: "off", None: "-"}
-    for s in data["summary"]:
-        lines.append(
-            f"| {s['config']} | {s['concurrency']} | {_fmt(s['A_tok_s'])} | "
-            f"{_fmt(s['B_tok_s'])} | {s['B_over_A']:.3f} ({s['B_over_A_min']:.3f}–"
-            f"{s['B_over_A_max']:.3f}) | {_NOISE.get(s['B_vs_A_within_noise'], '-')} | "
-            f"{_fmt(s['A_step_ms'])} / {_fmt(s['B_step_ms'])} | {onoff[s['A_barrier']]} / "
-            f"{onoff[s['B_barrier']]} | {s['A_host_lengths']} / {s['B_host_lengths']} | "
-            f"{s['B_relay_steps']} |"
-        )
-    return "\n".join(lines)
+    plan = data["plan"]
+    on_gpu = plan["device"] == "cuda"
+    columns = ab_engine.GPU_COLUMNS if on_gpu else ab_engine.CPU_COLUMNS
+    head = (
+        f"ab_engine, device `{data['device']}`: {plan['mode']}, {plan['models']['shape']}, "
+        f"{plan['rounds']} rounds x {plan['max_new_tokens']} tokens per request"
+    )
+    if not on_gpu:
+        head += f". {ab_engine.CPU_LINE}"
+    return f"{head}\n\n{harness.format_table(data['summary'], columns, markdown=True)}"
 
 
 def versions_line(path: Path) -> str:
@@ -158,7 +121,7 @@ def main(argv=None) -> None:
     parser.add_argument("results_dir", type=Path)
     parser.add_argument("--pool", type=int, default=4096)
     args = parser.parse_args(argv)
-    ks, ab = args.results_dir / "kernel_sweep.json", args.results_dir / "ab_throughput.json"
+    ks = args.results_dir / "kernel_sweep.json"
     host = args.results_dir / "host_overhead.json"
     engine = args.results_dir / "ab_engine.json"
     if engine.exists():
@@ -168,8 +131,6 @@ def main(argv=None) -> None:
         print(kernel_table(ks, args.pool), "\n")
     if host.exists():
         print(host_table(host), "\n")
-    if ab.exists():
-        print(ab_table(ab))
 
 
 if __name__ == "__main__":

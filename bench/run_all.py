@@ -1,5 +1,5 @@
 """Run every benchmark of spec_fused: the kernel sweep, the host-cost sweep, the A/B on
-the real engine, then the overlap-loop A/B replay.
+the real engine.
 
 Why one entry point: the README's benchmark command must be one line that works on a
 laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size):
@@ -8,7 +8,7 @@ laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size
     python -m bench.run_all --out /tmp/h200                # CUDA
 
 Results go to ``bench/results/<device>/`` (or ``--out DIR``): ``kernel_sweep.json/.png``,
-``host_overhead.json/.png``, ``ab_engine.json/.md/.png``, ``ab_throughput.json/.md/.png``.
+``host_overhead.json/.png``, ``ab_engine.json/.md/.png``.
 The real-server A/B (weights + GPU) is
 ``bench/ab_server.sh``.
 """
@@ -24,14 +24,13 @@ from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton i
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bench.run_all",
-        description="kernel_sweep, host_overhead, ab_engine, then ab_throughput; prints "
-        "where the results went.",
+        description="kernel_sweep, host_overhead, then ab_engine; prints where the results went.",
     )
     harness.add_common_args(parser)
     parser.add_argument(
         "--skip",
         nargs="+",
-        choices=("kernel_sweep", "host_overhead", "ab_engine", "ab_throughput"),
+        choices=("kernel_sweep", "host_overhead", "ab_engine"),
         default=[],
         help="benchmarks to leave out",
     )
@@ -45,14 +44,13 @@ def main(argv=None) -> dict:
         *(["--out", args.out] if args.out else []),
         *(["--no-plot"] if args.no_plot else []),
     ]
-    from bench import ab_engine, ab_throughput, host_overhead, kernel_sweep
+    from bench import ab_engine, host_overhead, kernel_sweep
 
     done, walls = {}, {}
     for name, module in (
         ("kernel_sweep", kernel_sweep),
         ("host_overhead", host_overhead),
         ("ab_engine", ab_engine),
-        ("ab_throughput", ab_throughput),
     ):
         if name in args.skip:
             continue

@@ -2,10 +2,12 @@
 
 * ``impact``: where spec_fused helps, per release range x attention backend x algorithm
   (``spec_fused.tools.impact``, held to every release's source by tests/tools/test_impact.py);
-* ``results``: the latest CPU benchmark tables (``python -m bench.report
+* ``results``: the committed CPU benchmark tables (``python -m bench.report
   bench/results/cpu``).
 
-The compatibility table has its own command (``python scripts/compat_tier.py table``).
+A maintainer's step, run by hand after committing new results: ``./run.sh bench`` writes
+``bench/results/<device>/`` and never the README. The compatibility table has its own
+command (``python scripts/compat_tier.py table``).
 
     python scripts/readme_tables.py            # rewrite both sections of README.md
     python scripts/readme_tables.py --check    # exit 1 if README.md is not current

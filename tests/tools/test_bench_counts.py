@@ -6,6 +6,7 @@ went uncounted after a refactor, and the table showed 0 bytes) would publish a f
 comparison. These run the sweep's own cases on the real ``FutureMap``s.
 """
 
+import json
 import os
 import sys
 
@@ -19,7 +20,7 @@ from bench import kernel_sweep  # noqa: E402
 
 @pytest.fixture(scope="module")
 def relays():
-    from spec_fused.tools import measure
+    from bench import measure
 
     try:
         yield kernel_sweep.Relays.build(torch.device("cpu"), 64)
@@ -29,12 +30,10 @@ def relays():
 
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_counts_per_provider(relays, batch):
-    cfg = kernel_sweep.Settings(
-        host_reps=1, host_warmup=0, count_reps=2, bench_warmup_ms=0, bench_rep_ms=0
-    )
+    cpu = torch.device("cpu")
     rows = {
-        c.provider: kernel_sweep.measure_case(c, torch.device("cpu"), 64, batch, cfg, "interpreter")
-        for c in kernel_sweep.build_cases(relays, torch.device("cpu"), 64, batch, seed=1)
+        p: kernel_sweep.prepare(kernel_sweep.build_case(relays, cpu, 64, batch, p, seed=1), cpu)
+        for p in kernel_sweep.PROVIDERS
     }
     up, exact, free = rows["upstream"], rows["fused-exact"], rows["fused-barrier-free"]
     # upstream: scatter, gather, the .cpu() copy; one blocking read; the batch's lengths
@@ -46,3 +45,18 @@ def test_counts_per_provider(relays, batch):
     # barrier_free: one launch and nothing back to the host
     assert (free["launches"], free["host_syncs"], free["d2h_bytes"]) == (1, 0, 0)
     assert rows["floor"]["launches"] == 1
+
+
+def test_the_sweep_writes_pytest_benchmarks_json_with_the_counts(tmp_path):
+    """``python -m bench.kernel_sweep`` runs the benchmarks through pytest-benchmark and
+    keeps its JSON, each benchmark carrying its counts (no time is checked)."""
+    data = kernel_sweep.main(
+        ["--no-plot", "--out", str(tmp_path), "--batches", "2", "--pools", "64"]
+    )
+    written = json.loads((tmp_path / "kernel_sweep.json").read_text())
+    assert {b["extra_info"]["provider"] for b in written["benchmarks"]} == set(
+        kernel_sweep.PROVIDERS
+    )
+    assert written["rows"] == data["rows"] and len(data["rows"]) == len(kernel_sweep.PROVIDERS)
+    for row in data["rows"]:
+        assert row["host_rounds"] >= 1 and row["launches"] >= 1
