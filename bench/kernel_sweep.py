@@ -161,10 +161,10 @@ def prepare(case: Case, device: torch.device) -> dict:
     )
     own = None  # the relay's own launch count per step, a cross-check of the counters'
     if case.relay is not None:
-        launches0 = case.relay.launches
+        launches0 = case.relay.launcher.launches
         for _ in range(3):
             case.step()
-        own = (case.relay.launches - launches0) / 3
+        own = (case.relay.launcher.launches - launches0) / 3
     return {
         "launches": counts["launches"],
         "host_syncs": counts["host_syncs"],

@@ -135,7 +135,6 @@ def _relay_provider(
     )
     if backend is not None:
         relay.launcher.backend = backend
-        getattr(relay, "_bind_launch", lambda: None)()  # rebinds before the tools cut
     if jit_only:
         relay.launcher.block_direct_launch("measure: kernel[grid] on purpose")
     batch = decode_batch(idx)

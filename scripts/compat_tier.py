@@ -494,10 +494,9 @@ def render(payload: dict) -> str:
     light, heavy = env.get("light") or {}, env.get("heavy") or {}
     lines += [
         "",
-        f"Run {payload['generated']} with `{payload['command']}`: light tier on torch "
-        f"{light.get('torch')} / triton {light.get('triton')} (Triton interpreter); "
-        f"scheduler tier on torch {heavy.get('torch')}, transformers "
-        f"{heavy.get('transformers')} (or the release's own pin). "
+        f"Run {payload['generated']}: torch {light.get('torch')}, Triton "
+        f"{light.get('triton')} (interpreter); the scheduler with transformers "
+        f"{heavy.get('transformers')} or the release's pin. "
         f"{payload.get('index_note') or ''}".rstrip(),
     ]
     return "\n".join(lines)

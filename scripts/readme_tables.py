@@ -2,8 +2,8 @@
 
 * ``impact``: where spec_fused helps, per release range x attention backend x algorithm
   (``spec_fused.tools.impact``, held to every release's source by tests/tools/test_impact.py);
-* ``results``: the committed CPU benchmark tables (``python -m bench.report
-  bench/results/cpu``).
+* ``results``: the committed CPU host-cost table and the engine A/B's parity, in one line
+  (the full tables: ``python -m bench.report bench/results/cpu``).
 
 A maintainer's step, run by hand after committing new results: ``./run.sh bench`` writes
 ``bench/results/<device>/`` and never the README. The compatibility table has its own
@@ -16,8 +16,6 @@ command (``python scripts/compat_tier.py table``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import sys
 from pathlib import Path
 
@@ -33,12 +31,34 @@ def impact_table() -> str:
 
 
 def results_tables() -> str:
+    """The CPU figure that means something - the relay's host µs against SGLang's, the
+    production CPU path and the null seam - and the engine A/B's parity, in one line."""
+    import json
+
     from bench import report
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        report.main([str(ROOT / "bench" / "results" / "cpu")])
-    return out.getvalue().strip()
+    cpu = ROOT / "bench" / "results" / "cpu"
+    import re
+
+    lines = report.host_table(cpu / "host_overhead.json").splitlines()
+    lines[0] = "Host µs per relay step (median; × upstream: the median of per-round ratios)"
+    out = [re.sub(r"; worst of the best-of-rounds ratios .*$", "", line) for line in lines]
+    engine = json.loads((cpu / "ab_engine.json").read_text())
+    cells = engine["summary"]
+    same = all(c.get("parity") in (True, "True") for c in cells)
+    out = ["\n".join(out)]
+    out.append(
+        f"\nab_engine on CPU (toy Llama, {engine['plan']['rounds']} rounds, concurrency "
+        f"{', '.join(str(c['concurrency']) for c in cells)}): "
+        + (
+            "tokens identical and the relay on every step of B in every cell"
+            if same
+            else "**parity failed**: see bench/results/cpu/ab_engine.md"
+        )
+        + "; a parity check, not a throughput result."
+    )
+    out.append(f"\n_{report.versions_line(cpu / 'host_overhead.json')}_")
+    return "\n".join(out)
 
 
 SECTIONS = {"impact": impact_table, "results": results_tables}

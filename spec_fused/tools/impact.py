@@ -19,7 +19,7 @@ from spec_fused.releases import parse
 
 __all__ = ["Row", "configuration", "ranged_rows", "release_rows", "render_markdown"]
 
-_SHARD = "from 0.5.21, host lengths again with a KV-shard pool"
+_SHARD = "0.5.21+: host lengths with a KV-shard pool"
 _KPOOL = "0.5.20 - 0.5.21: host lengths when dsa_index_kpool > 1"
 # --attention-backend values that set needs_cpu_seq_lens=False, from the release that
 # first did (later entries supersede), with the condition that turns it back on. Every
@@ -70,7 +70,7 @@ def gpu_only(release: str, backend: str, algorithm: str = "EAGLE") -> tuple[bool
     if note is None:
         return False, ""
     if note == "DFLASH only":
-        return algorithm == "DFLASH", "opts out under DFLASH only (0.5.15)"
+        return algorithm == "DFLASH", "0.5.15: opts out under DFLASH only"
     return True, note
 
 
@@ -172,9 +172,7 @@ def render_markdown(ranged: list) -> str:
         "|---|---|---|---|---|---|",
     ]
     for releases, r in ranged:
-        read = (
-            "read: upstream copies 8·pool bytes and syncs" if r.needs_host_lengths else "opted out"
-        )
+        read = "read (upstream: 8·pool-byte copy, sync)" if r.needs_host_lengths else "opted out"
         notes = [
             n if n != FLASHINFER_BLOCKS else "FlashInfer blocks the host later" for n in r.notes
         ]
