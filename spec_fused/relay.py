@@ -123,6 +123,7 @@ class FusedRelay:
     def set_caps(self, caps: SpecCaps) -> None:
         """Adopt (possibly newer) capabilities, e.g. the scheduler's, which know the worker."""
         self.caps = caps
+        self.exact_claimed = caps.exact_claimed  # read every step
         self.host_seq_lens = caps.host_seq_lens
         self.exact = caps.host_seq_lens == "exact"
         self.variant = caps.variant
@@ -131,7 +132,7 @@ class FusedRelay:
 
     def gives_host_lengths(self, fm) -> bool:
         """Where upstream gives them (``needs_cpu_seq_lens``), or claimed outright."""
-        return self.caps.exact_claimed or (self.exact and bool(fm.needs_cpu_seq_lens))
+        return self.exact_claimed or (self.exact and bool(fm.needs_cpu_seq_lens))
 
     def step_name(self, what: str) -> str:
         """Which step a failure surfaced in, for the one line that names it."""
@@ -190,15 +191,17 @@ class FusedRelay:
             self.land_pending()  # no pending publish may outlive this step
             return
         event = fm.publish_ready
-        exact = self.caps.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
+        exact = self.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
         if exact and self.on_cuda:
             host = getattr(batch, "req_pool_indices_cpu", None)  # upstream's FIXME: == fi
             gather = self.launcher.stage_host_indices(host, fi) if self.pinned_ok else None
             if gather is None or event is None:
                 self._hand_back(event)
-            self._consume_once(fm, event)
+            if self.debug:
+                self._consume_once(fm, event)
             return self._resolve_exact_cuda(batch, gather, event)
-        self._consume_once(fm, event)
+        if self.debug:
+            self._consume_once(fm, event)
         if event is not None:
             event.wait()  # as upstream, on every device: the stream waits, not the host
         pending = self.pending
@@ -215,7 +218,7 @@ class FusedRelay:
 
     def _consume_once(self, fm, event) -> None:
         """Upstream's consume-once check (0.5.16+, under its debug switch)."""
-        if self.debug and self.consume_once_flag and event is not None:
+        if self.consume_once_flag and event is not None:
             assert fm._publish_fresh, "resolve without a fresh forward publish"
             fm._publish_fresh = False
 

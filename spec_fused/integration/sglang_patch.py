@@ -183,7 +183,12 @@ def _make_publish(original):
             relay = relay_for(self)
         # Fused: no relay-less FutureMap, no confidence (DSPARK gates its own D2H on the
         # scatter), nothing SGLang's publish may have grown since, not a DP-idle publish.
-        if relay is None or args or not _no_confidence(kwargs) or not future_indices.shape[0]:
+        if (
+            relay is None
+            or args
+            or (kwargs and not _no_confidence(kwargs))
+            or not future_indices.shape[0]
+        ):
             if relay is not None:
                 relay.land_pending()  # keep publish order when SGLang's path writes the buffer
             return original(self, future_indices, new_seq_lens, *args, **kwargs)

@@ -56,6 +56,7 @@ class StepLauncher:
         self.validate = validate or poison
         self.mirror = mirror
         self._on_cuda = buf.device.type == "cuda"
+        self._index = buf.get_device()  # -1 on CPU
         # Host memory the kernel stores into is pinned on CUDA, unless the host forbids it
         # (Confidential Computing: the flag then stays on the device).
         self._pin = pinned
@@ -105,7 +106,7 @@ class StepLauncher:
     def rebind(self, buf: torch.Tensor) -> None:
         """A new relay buffer (FutureMap adopted a captured graph's): same launcher."""
         checks.validate(buf, buf[:0].long(), None, None, None, None, None, deep=False)
-        self.buf = buf
+        self.buf, self._index = buf, buf.get_device()
         self.backend = self._backend  # specializations bound to the old buffer go
 
     def uses_direct_launch(self) -> bool:
@@ -143,21 +144,21 @@ class StepLauncher:
 
     # ------------------------------------------------------------------ per step
 
-    def _ok(self, t) -> bool:
-        return (
-            t.dim() == 1 and t.is_contiguous() and (t.device == self.buf.device or t is self.staged)
-        )
-
     def _key(self, gi, pi, pv, host: bool):
         """What the guard accepts without the full check: 1-D contiguous inputs on the
-        buffer's device (or the staged indices), a dtype combination seen before."""
-        if not self._ok(gi):
+        buffer's device (or the staged indices), a dtype combination seen before. Plain
+        attribute reads only: this runs every step."""
+        if gi.dim() != 1 or not gi.is_contiguous():
+            return None
+        cpu, index = not self._on_cuda, self._index
+        if not (gi.is_cpu if cpu else gi.get_device() == index) and gi is not self.staged:
             return None
         if pi is None or not pi.shape[0]:
             return gi.dtype, host
-        if self._ok(pi) and self._ok(pv) and pi.shape[0] == pv.shape[0]:
-            return gi.dtype, pi.dtype, pv.dtype, host
-        return None
+        if pi.dim() != 1 or pi.shape != pv.shape or not (pi.is_contiguous() and pv.is_contiguous()):
+            return None
+        here = pi.is_cpu and pv.is_cpu if cpu else pi.get_device() == pv.get_device() == index
+        return (gi.dtype, pi.dtype, pv.dtype, host) if here else None
 
     def _launch(self, gi, pi, pv, host: bool) -> torch.Tensor:
         bound = self._seen.get(self._key(gi, pi, pv, host), _UNSEEN)
