@@ -178,7 +178,7 @@ def worker(name: str, arm: str, max_conc: int, max_new: int) -> None:
         {
             "war_barrier": counts.get("war_barrier"),
             "host_lengths": "exact" if counts.get("host_length_steps") else "none",
-            "relay_steps": counts.get("relay_resolves", 0),
+            "relay_steps": counts.get("relay_steps", 0),
             "steps": counts.get("steps", 0),
             "variant": relay.get("variant"),
             "relay_backend": relay.get("backend"),
