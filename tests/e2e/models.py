@@ -29,13 +29,28 @@ BASE = {
 # name -> (architecture, layers, extra config)
 MODELS = {
     "target": ("LlamaForCausalLM", 4, {}),
-    "standalone": ("LlamaForCausalLM", 1, {}),
+    # EAGLE3's and DFLASH's target, as the stand-in reads ``spec_fused_e2e``: its last
+    # layer passes through (EAGLE3's last aux hidden state is then the final one), its
+    # head is its embedding turned by a fixed rotation and DFLASH's mask token embeds to 0
+    # (standins._target_as_configured, _drafts_that_accept)
+    "target-spec": (
+        "LlamaForCausalLM",
+        4,
+        {
+            "spec_fused_e2e": {
+                "passthrough_layers": [3],
+                "zero_embedding_rows": [VOCAB - 1],
+                "head_rotates_embedding": True,
+            }
+        },
+    ),
+    "standalone": ("LlamaForCausalLM", 3, {}),
     "eagle": ("LlamaForCausalLMEagle", 1, {}),
     "eagle3": (
         "LlamaForCausalLMEagle3",
         1,
         {
-            "draft_vocab_size": VOCAB,
+            "draft_vocab_size": None,  # the target's head
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
         },
     ),
@@ -44,6 +59,7 @@ MODELS = {
         1,
         {
             "num_target_layers": 4,
+            "num_key_value_heads": 2,  # v as wide as the hidden state
             "dflash_config": {
                 "block_size": 4,
                 "target_layer_ids": [1, 2],

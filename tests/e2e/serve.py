@@ -1,13 +1,16 @@
 """Serve requests through SGLang's real ``sglang.Engine`` on CPU, one arm at a time.
 
-    python tests/e2e/serve.py OUT.json CONFIG[:ARM] ...
+    python tests/e2e/serve.py OUT.json CONFIG[:ARM,...] ...
 
-Each CONFIG names an algorithm and whether host lengths are read (``configs.py``); ARM is
-``A`` (``SPEC_FUSED_DISABLE=1``), ``B`` (the plugin) or a plant (``B+off_by_one``,
-``B+fault_once:5``, ``B+refuse``), default ``A`` then ``B``. One process runs every arm
-in turn; each arm is a fresh engine (a fresh scheduler process, which loads the plugins
-under that arm's environment). Writes, per arm: the output token ids, the spec acceptance
-stats, the relay counts the scheduler process wrote, and the wall times.
+Each CONFIG names an algorithm, whether host lengths are read, the ranks and the sizes
+(``configs.py``); ARM is ``A`` (``SPEC_FUSED_DISABLE=1``), ``B`` (the plugin),
+``B+force_reference`` (``SPEC_FUSED_FORCE_REFERENCE=1``), ``B+refuse`` (spec_fused left out
+of ``SGLANG_PLUGINS``) or ``B+<plant>`` (``site/spec_fused_e2e/plants.py``), default ``A``
+then ``B``. One process runs every arm in turn; each arm is a fresh engine (fresh
+scheduler processes, which load the plugins under that arm's environment). Everything an
+arm depends on is set here, from nothing inherited (``arm_env``). Models and counts go
+under OUT's folder. Writes, per arm: the output token ids, the spec acceptance stats, each
+scheduler rank's counts and outputs, and the wall times.
 """
 
 from __future__ import annotations
@@ -29,48 +32,64 @@ SPEC_META = (
     "spec_verify_ct",
     "spec_accept_length",
     "spec_accept_rate",
-    "spec_accept_histogram",
+    "spec_num_correct_drafts",
+    "spec_correct_drafts_histogram",
     "completion_tokens",
 )
+ARM_TIMEOUT_S = float(os.environ.get("SPEC_FUSED_E2E_ARM_TIMEOUT", "300"))
+COUNTS_WAIT_S = 20.0  # for every rank to have written its last batch's results
 
 
-def _arm_env(arm: str, counts_dir: str) -> dict:
+def arm_env(arm: str, counts_dir: str) -> dict:
+    """Every variable an arm depends on, set explicitly ("" = unset)."""
     base, _, plant = arm.partition("+")
     env = {
         "SPEC_FUSED_E2E": "1",
         "SPEC_FUSED_E2E_COUNTS_DIR": counts_dir,
+        "SPEC_FUSED_E2E_OUTPUTS": "1",  # each rank's output tokens, for the per-rank compare
         "SPEC_FUSED_E2E_PLANT": "",
         "SPEC_FUSED_DISABLE": "1" if base == "A" else "",
-        "SGLANG_PLUGINS": "",
+        "SPEC_FUSED_FORCE_REFERENCE": "",
+        "SGLANG_PLUGINS": "spec_fused,spec_fused_e2e",
     }
     if plant == "refuse":  # the relay never engages: spec_fused left out of SGLang's whitelist
         env["SGLANG_PLUGINS"] = "spec_fused_e2e"
+    elif plant == "force_reference":
+        env["SPEC_FUSED_FORCE_REFERENCE"] = "1"
     elif plant:
         env["SPEC_FUSED_E2E_PLANT"] = plant
     return env
 
 
-def _read_counts(folder: str) -> dict:
-    merged: dict = {}
-    for path in sorted(Path(folder).glob("counts-*.json")):
-        data = json.loads(path.read_text())
-        if data.get("steps") or data.get("war_barrier") is not None:
-            merged = data if not merged else merged
-    return merged
+def _set_env(values: dict) -> None:
+    for key in [k for k in os.environ if k.startswith("SPEC_FUSED_")]:
+        del os.environ[key]  # nothing of spec_fused's but what the arm sets
+    for key, value in values.items():
+        if value:
+            os.environ[key] = value
+        else:
+            os.environ.pop(key, None)
 
 
-ARM_TIMEOUT_S = float(os.environ.get("SPEC_FUSED_E2E_ARM_TIMEOUT", "300"))
+def _read_counts(folder: str, ranks: int, rids: list) -> dict:
+    """Each scheduler rank's counts (rank -> counts), once every rank has recorded every
+    request finished (or COUNTS_WAIT_S has passed: the test then says what is missing)."""
+    deadline = time.monotonic() + COUNTS_WAIT_S
+    while True:
+        per_rank = {}
+        for path in sorted(Path(folder).glob("counts-*.json")):
+            data = json.loads(path.read_text())
+            if data.get("rank") is not None:  # a scheduler's (its event loop ran)
+                per_rank[str(data["rank"])] = data
+        done = len(per_rank) >= ranks and all(
+            set(rids) <= set(c["finished"]) for c in per_rank.values()
+        )
+        if done or time.monotonic() > deadline:
+            return per_rank
+        time.sleep(0.1)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run_arm(name: str, arm: str, models: dict) -> dict:
+def run_arm(name: str, arm: str, models: dict, root: Path) -> dict:
     import threading
 
     import sglang
@@ -91,47 +110,52 @@ def run_arm(name: str, arm: str, models: dict) -> dict:
     watchdog.start()
 
     cfg = configs.CONFIGS[name]
-    counts_dir = tempfile.mkdtemp(prefix="spec_fused_e2e_counts_")
-    for key, value in _arm_env(arm, counts_dir).items():
-        if value:
-            os.environ[key] = value
-        else:
-            os.environ.pop(key, None)
-    os.environ["SPEC_FUSED_E2E_HOST_LENGTHS"] = "1" if cfg.host_lengths else ""
-    os.environ["SGLANG_DISABLED_MODEL_ARCHS"] = configs.unused_model_modules()
+    counts_dir = tempfile.mkdtemp(prefix=f"counts-{name}-{arm.replace(':', '')}-", dir=root)
+    _set_env({**configs.config_env(cfg), **arm_env(arm, counts_dir)})
+    rids, prompts, params = configs.requests(cfg)
     t0 = time.perf_counter()
     # a port of our own: parallel engines must not race for the same free one
     engine = sglang.Engine(**configs.engine_kwargs(cfg, models), nccl_port=_free_port())
     t1 = time.perf_counter()
     try:
-        prompts, params = configs.requests(cfg.max_new)
-        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        outs = engine.generate(input_ids=prompts, sampling_params=params, rid=rids)
         t2 = time.perf_counter()
+        counts = _read_counts(counts_dir, cfg.tp, rids)
     finally:
         engine.shutdown()
     t3 = time.perf_counter()
     watchdog.cancel()
-    result = {
+    return {
         "config": name,
         "arm": arm,
+        "rids": rids,
+        "max_new": [p["max_new_tokens"] for p in params],
         "output_ids": [o["output_ids"] for o in outs],
         "spec": [{k: o["meta_info"].get(k) for k in SPEC_META} for o in outs],
-        "counts": _read_counts(counts_dir),
+        "counts": counts,
         "wall_s": {"start": t1 - t0, "generate": t2 - t1, "shutdown": t3 - t2},
     }
-    return result
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def main(argv) -> int:
-    out, items = argv[0], argv[1:]
-    models = configs.make_models(Path(tempfile.mkdtemp(prefix="spec_fused_e2e_models_")))
+    out, items = Path(argv[0]), argv[1:]
+    root = out.parent
+    models = configs.make_models(Path(tempfile.mkdtemp(prefix="models-", dir=root)))
     results = []
     for item in items:
         name, _, arms = item.partition(":")
         for arm in arms.split(",") if arms else ["A", "B"]:
             t0 = time.perf_counter()
             try:
-                results.append(run_arm(name, arm, models))
+                results.append(run_arm(name, arm, models, root))
             except Exception as exc:
                 traceback.print_exc()
                 results.append(
@@ -140,7 +164,7 @@ def main(argv) -> int:
             print(
                 f"e2e: {name} {arm}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True
             )
-            Path(out).write_text(json.dumps(results, indent=1))
+            out.write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -80,9 +80,9 @@ def dflash_on_cpu():
 @_standin
 def deterministic_dummy_weights():
     """SGLang's dummy weights, U(+-1e-3) from one seed for every tensor of a shape, collapse
-    every output into a 2-token cycle: seed per parameter name, scale up. An EAGLE draft
-    passes the target's hidden state through (so it proposes the target's last token and
-    is accepted wherever the target repeats itself): acceptance varies per request."""
+    every output into a 2-token cycle: seed per parameter name, scale up. Then the drafts
+    are made to accept (``_drafts_that_accept``) and a target's ``spec_fused_e2e`` config
+    entry is applied (``_target_as_configured``)."""
     import torch
     from sglang.srt.model_loader import loader
 
@@ -97,16 +97,82 @@ def deterministic_dummy_weights():
             else:
                 values = (torch.rand(param.shape, generator=gen) * 2 - 1) * DUMMY_SCALE
             param.data.copy_(values.to(param.dtype))
-        if type(model).__name__ == "LlamaForCausalLMEagle":
-            for name, param in params.items():
-                if name.endswith(("o_proj.weight", "down_proj.weight", "fc.bias")):
-                    param.data.zero_()
-                elif name.endswith("fc.weight"):  # fc(cat(embeds, hidden)) = hidden
-                    h = param.shape[0]
-                    param.data.zero_()
-                    param.data[:, h:] = torch.eye(h, dtype=param.dtype)
+        _target_as_configured(model, params)
+        _drafts_that_accept(model, params)
 
     loader.initialize_dummy_weights = init
+
+
+def _rotation(n: int):
+    """A fixed orthogonal n x n matrix: ``_target_as_configured``'s head and DFLASH's
+    draft share it."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(29)
+    return torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float32))[0]
+
+
+def _target_as_configured(model, params) -> None:
+    """A target whose config.json has ``spec_fused_e2e`` (``models.py``): its
+    ``passthrough_layers`` add nothing to the residual stream (so an aux hidden state
+    captured before them is the final one); its ``zero_embedding_rows`` embed to 0 (DFLASH's
+    mask token: a block's mask rows then carry nothing of their own); with
+    ``head_rotates_embedding`` its head is its embedding turned by a fixed rotation R
+    (``lm_head = E R^T``), so ``R x`` scores highest for the token whose embedding x is
+    (DFLASH's draft uses that), while the target does not simply repeat its input token,
+    as a head tied to the embedding would."""
+    spec = getattr(model.config, "spec_fused_e2e", None)
+    if not spec:
+        return
+    for layer in spec.get("passthrough_layers", ()):
+        for part in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            params[f"model.layers.{layer}.{part}"].zero_()
+    embed = params["model.embed_tokens.weight"]
+    if embed.shape[0] != model.config.vocab_size:
+        raise NotImplementedError("spec_fused_e2e: a sharded embedding (TP) has no stand-in")
+    for row in spec.get("zero_embedding_rows", ()):
+        embed[row].zero_()
+    if spec.get("head_rotates_embedding"):
+        rotation = _rotation(embed.shape[1])
+        params["lm_head.weight"].copy_((embed.float() @ rotation.T).to(embed.dtype))
+
+
+def _drafts_that_accept(model, params) -> None:
+    """Random drafts never agree with the target, so every step would accept nothing and
+    every published length would be seq_len + 1. Each draft below proposes the token the
+    target just produced, so it is accepted wherever the target repeats itself, and
+    acceptance varies per request and per step. (STANDALONE's draft is the target's first
+    layers, seeded by the same names: it agrees where those layers already decide.)
+
+    * EAGLE: ``fc(cat(embeds, hidden)) = hidden`` and the layer adds nothing: the draft
+      head reads the target's last hidden state.
+    * EAGLE3: ``fc`` keeps the last captured aux hidden state, which is the target's final
+      one (its later layers pass through), and the layer adds nothing.
+    * DFLASH: q = k = 0, so every block row attends uniformly over the context and the
+      block; the context's features are 0 (``fc`` = 0) and so is the mask token's
+      embedding, so each mask row's output is R times the bonus token's normalised
+      embedding, which the target's head (``E R^T``) maps back to the bonus token."""
+    import torch
+
+    kind = type(model).__name__
+    if kind in ("LlamaForCausalLMEagle", "LlamaForCausalLMEagle3"):
+        for name, param in params.items():
+            if name.endswith(("o_proj.weight", "down_proj.weight", "fc.bias")):
+                param.zero_()
+            elif name.endswith("fc.weight"):  # the input's last hidden-size slice
+                h = param.shape[0]
+                param.zero_()
+                param[:, -h:] = torch.eye(h, dtype=param.dtype)
+    elif kind == "DFlashDraftModel":
+        for name, param in params.items():
+            if name.endswith(("down_proj.weight", "fc.weight")):
+                param.zero_()
+            elif name.endswith("o_proj.weight"):
+                param.copy_(_rotation(param.shape[0]).to(param.dtype))
+            elif name.endswith("qkv_proj.weight"):  # [q; k; v]: q = k = 0, v = x
+                h = param.shape[1]
+                param.zero_()
+                param[-h:] = torch.eye(h, dtype=param.dtype)
 
 
 @_standin
