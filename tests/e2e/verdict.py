@@ -153,8 +153,10 @@ def _relay(cfg, a: dict, b: dict, backend: str) -> list:
                         f"got host lengths (configuration reads them: {cfg.host_lengths})"
                     )
                 )
-        relay, host = cb["relay"], "exact" if cfg.host_lengths else "none"
-        if relay is not None and relay["host_seq_lens"] != host:
+        # Where no backend reads host lengths the relay gives none: "none", or "reserved"
+        # for DFLASH's own KV bound (the same thing to the relay).
+        relay = cb["relay"]
+        if relay is not None and (relay["host_seq_lens"] == "exact") is not cfg.host_lengths:
             out.append(HostLengthsWrong(f"{where}: the relay gives host lengths {relay}"))
     return out
 
