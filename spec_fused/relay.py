@@ -147,20 +147,25 @@ class FusedRelay:
         try:
             return self.launcher.launch(gi, pi, pv, host)
         except Exception as exc:
-            if isinstance(exc, (InputError, InputTypeError)):
-                self.land_with_torch()  # what can still land of the pending publish does
-            step_failed(exc, self.step_name("launch"))
-            if self.launcher.backend in ("reference", "null"):
-                raise
-            log_once(
-                ("kernel", self.device.type, type(exc).__name__),
-                "fused kernel failed on %s (%s: %s); falling back to the torch reference",
-                self.device,
-                type(exc).__name__,
-                exc,
-            )
-            self.launcher.backend = "reference"
-            return self.launcher.launch(gi, pi, pv, host)
+            return self._step_down(exc, gi, pi, pv, host)
+
+    def _step_down(self, exc, gi, pi, pv, host: bool) -> torch.Tensor:
+        """A launch raised: the caller's error and a sticky fault are raised; a backend that
+        failed steps down to the reference, once, and the step is launched again there."""
+        if isinstance(exc, (InputError, InputTypeError)):
+            self.land_with_torch()  # what can still land of the pending publish does
+        step_failed(exc, self.step_name("launch"))
+        if self.launcher.backend in ("reference", "null"):
+            raise exc
+        log_once(
+            ("kernel", self.device.type, type(exc).__name__),
+            "fused kernel failed on %s (%s: %s); falling back to the torch reference",
+            self.device,
+            type(exc).__name__,
+            exc,
+        )
+        self.launcher.backend = "reference"
+        return self.launcher.launch(gi, pi, pv, host)
 
     # ------------------------------------------------------------------ FutureMap API
 
@@ -206,7 +211,10 @@ class FusedRelay:
             event.wait()  # as upstream, on every device: the stream waits, not the host
         pending = self.pending
         pi, pv = pending or (None, None)
-        out = self._launch(fi, pi, pv, False)
+        try:  # self._launch, inline: this is the per-step path
+            out = self.launcher.launch(fi, pi, pv, False)
+        except Exception as exc:
+            out = self._step_down(exc, fi, pi, pv, False)
         self.landed, self.pending = pending, None
         batch.seq_lens = out
         if not exact:
@@ -258,20 +266,9 @@ class FusedRelay:
         wait()  # the host waits for this launch only
         batch.seq_lens = out
         if out.numel():
-            batch.seq_lens_cpu, batch.seq_lens_sum = self._read_host(self.launcher.stamp, out, wait)
+            batch.seq_lens_cpu, batch.seq_lens_sum = self.launcher.read_lengths(out, wait)
         else:
             batch.seq_lens_cpu, batch.seq_lens_sum = torch.empty(0, dtype=torch.int64), 0
-
-    def _read_host(self, stamp, out, wait) -> tuple:
-        """This launch's host row; never an older step's lengths (in release mode a
-        stale row is read from the device instead, logged once per cause)."""
-        try:
-            return self.launcher.read_row(stamp, out.shape[0], wait=wait)
-        except StaleHostMirrorError as exc:
-            if self.debug:
-                raise
-            log_once(("stale", exc.cause), "%s; reading this step's lengths from the device", exc)
-            return out.cpu(), int(out.sum())
 
     # ------------------------------------------------------------------ other readers
 

@@ -21,10 +21,12 @@ from spec_fused.kernels.backend import BACKENDS, backend_for, verdict_for
 from spec_fused.kernels.checks import NO_ERROR, InputError, StaleHostMirrorError, raise_if_flagged
 from spec_fused.kernels.host_ring import HostRing, write_host_row
 from spec_fused.kernels.publish_gather import Args, kernel_args
+from spec_fused.log import log_once
 
 __all__ = ["StepLauncher"]
 
 _UNSEEN = object()
+_tuple_new = tuple.__new__  # an Args without NamedTuple's per-call Python __new__
 _INT64 = torch.int64
 
 
@@ -209,15 +211,16 @@ class StepLauncher:
         return out
 
     def _args(self, gi, pi, pv, out, host: bool) -> Args:
+        """This step's Args, built as a plain tuple: it runs every step."""
         stamp = self.stamp = self.step & HostRing.STAMP_MASK
         self.step += 1
-        a = Args(self.buf, gi, pi, pv, out, self.out_sum, None, self._flag, self.poison)
         if host and self.mirror:
-            ring = self.ensure_host_ring()
-            return a._replace(
-                host_out=self._rows[stamp & 1], stamp=stamp, stamp_offset=ring.stamp_offset
-            )
-        return a
+            ring = self.ring or self.ensure_host_ring()
+            row, at, offset = self._rows[stamp & 1], stamp, ring.stamp_offset
+        else:
+            row, at, offset = None, None, 0
+        fields = (self.buf, gi, pi, pv, out, self.out_sum, row, self._flag, self.poison, at, offset)
+        return _tuple_new(Args, fields)
 
     def _run(self, a: Args):
         """One launch with the kernel's whole semantics (normal Triton launch, or torch)."""
@@ -272,3 +275,14 @@ class StepLauncher:
         lens_total = self.ring.read(stamp, n, wait, strict=self.validate)
         raise_if_flagged(self._flag)
         return lens_total
+
+    def read_lengths(self, out: torch.Tensor, wait) -> tuple:
+        """The last launch's host row; never an older step's lengths: in release mode a
+        stale row is read from the device instead (logged once per cause)."""
+        try:
+            return self.read_row(self.stamp, out.shape[0], wait=wait)
+        except StaleHostMirrorError as exc:
+            if self.validate:
+                raise
+            log_once(("stale", exc.cause), "%s; reading this step's lengths from the device", exc)
+            return out.cpu(), int(out.sum())

@@ -135,12 +135,12 @@ def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypat
         if debug:
             stamp, out = _launched_with_a_stale_stamp(relay, [1, 2], [7, 8])
             with pytest.raises(StaleHostMirrorError, match="expected step"):
-                relay._read_host(stamp, out, wait=lambda: None)
+                relay.launcher.read_lengths(out, lambda: None)
             return
         with caplog.at_level(logging.WARNING, logger="spec_fused"):
             for step in range(3):  # one log line per cause, not per step
                 stamp, out = _launched_with_a_stale_stamp(relay, [1, 2], [7 + step, 8])
-                lens, total = relay._read_host(stamp, out, wait=lambda: None)
+                lens, total = relay.launcher.read_lengths(out, lambda: None)
                 assert lens.tolist() == [7 + step, 8] and total == 15 + step
     lines = [
         r.getMessage() for r in caplog.records if "reading this step's lengths" in r.getMessage()
@@ -232,7 +232,7 @@ def test_a_debug_relay_reads_the_host_mirror_strictly():
     relay.launcher.ring.np[stamp & 1, -1] = -12345
     waits = []
     with pytest.raises(StaleHostMirrorError) as info:
-        relay._read_host(stamp, out, wait=lambda: waits.append(1))
+        relay.launcher.read_lengths(out, lambda: waits.append(1))
     assert info.value.cause == "stale" and waits == []
 
 

@@ -41,13 +41,13 @@ def fake(monkeypatch):
     with ops.on(ops.forward):
         fm.publish(torch.tensor([1, 2]), torch.tensor([10, 20]))
     relay = relay_mod.relay_for(fm)
-    launch = relay._launch
+    launch = relay.launcher.launch  # looked up by the relay at every launch
 
     def logged(gi, pi, pv, host):
         ops.log.append((ops.current.name, "launch", "host" if host else "device"))
         return launch(gi, pi, pv, host)
 
-    relay._launch = logged
+    relay.launcher.launch = logged
     ops.log.clear()
     yield SimpleNamespace(
         ops=ops, fm=fm, relay=relay, ready=fm.publish_ready.name, done=relay.done_event.name
