@@ -11,7 +11,8 @@ import pytest
 import torch
 from support.fake_triton import FakeCompiled, bound_launcher, cpu_direct
 
-from spec_fused.kernels import checks, step_launcher
+from spec_fused.kernels import backend as backend_mod
+from spec_fused.kernels import checks, publish_gather, step_launcher
 from spec_fused.kernels.checks import InputError, StaleHostMirrorError
 from spec_fused.kernels.publish_gather import publish_gather_reference
 from spec_fused.kernels.step_launcher import StepLauncher
@@ -259,8 +260,8 @@ def test_sums_beyond_float_precision_are_exact(backend):
 
 
 class _DirectLaunch:
-    def __init__(self, device_index, kernel=None):
-        self.device_index, self.blocked = device_index, None
+    def __init__(self, device_index, kernel):
+        self.device_index, self.kernel, self.blocked = device_index, kernel, None
 
     def block(self, why):
         self.blocked = why
@@ -286,15 +287,16 @@ def _pretend_cuda(pg):
 def test_compiled_triton_binds_a_direct_launch_unless_the_canary_disproved_it(
     monkeypatch, verdict, blocked
 ):
-    from spec_fused.kernels import backend as backend_mod
     from spec_fused.kernels import direct_launch
 
     monkeypatch.setattr(direct_launch, "DirectLaunch", _DirectLaunch)
     proven = None if verdict is None else backend_mod.Verdict("cuda:0", "triton", **verdict)
-    monkeypatch.setattr(step_launcher, "verdict_for", lambda device: proven)
-    pg = _pretend_cuda(StepLauncher(_buf(), backend="reference"))
+    buf = _buf()  # the verdict read is its device's (a CPU one stands for cuda:0 here)
+    monkeypatch.setattr(step_launcher, "verdict_for", lambda d: proven if d == buf.device else None)
+    pg = _pretend_cuda(StepLauncher(buf, backend="reference"))
     pg.backend = "triton"
     assert isinstance(pg._direct, _DirectLaunch) and pg._direct.device_index == -1
+    assert pg._direct.kernel is publish_gather._publish_gather_kernel
     assert pg._direct.blocked == blocked
     pg.backend = "reference"
     assert pg._direct is None
@@ -496,3 +498,9 @@ def test_the_release_reference_moves_only_the_staged_host_indices_to_the_device(
     gi = torch.tensor([3, 4])
     for _ in range(2):  # checked, then the lean reference step
         assert pg.launch(gi, None, None, False).tolist() == [103, 104]
+
+
+def test_an_unknown_backend_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError) as info:
+        StepLauncher(_buf(), backend="cuda-graphs")
+    assert str(info.value) == f"unknown backend 'cuda-graphs'; one of {backend_mod.BACKENDS}"
