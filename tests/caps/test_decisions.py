@@ -135,7 +135,7 @@ def test_spec_caps_is_frozen_and_checked():
         caps.host_seq_lens = "none"
     with pytest.raises(ValueError, match="host_seq_lens"):
         SpecCaps(True, "maybe")
-    with pytest.raises(TypeError, match="bool"):
+    with pytest.raises(TypeError, match="^needs_war_barrier must be a bool$"):
         SpecCaps(1, "exact")
     assert select_variant(SpecCaps(False, "reserved")) == "barrier_free"
 
@@ -146,3 +146,69 @@ def test_describe_lists_every_installed_algorithm_and_turns_a_bad_setting_into_e
     assert all(r["needs_war_barrier"] and r["host_seq_lens"] != "exact" for r in rows)
     broken = describe(env={"SPEC_FUSED_WAR_BARRIER": "yes"}, needs_cpu_seq_lens=True)
     assert all("SPEC_FUSED_WAR_BARRIER" in r["error"] for r in broken)
+
+
+def test_each_reason_is_appended_to_the_ones_before():
+    caps = SpecCaps(True, "exact").because("first").because("second", host_seq_lens="none")
+    assert caps.reason == "first; second" and caps.host_seq_lens == "none"
+
+
+def test_the_reason_names_each_step_of_the_decision(monkeypatch):
+    monkeypatch.setattr(caps_mod.upstream, "fences_own_shared_writes", lambda name: False)
+    assert decide("EAGLE", needs_cpu_seq_lens=False, env={}).reason == (
+        "upstream's default; no host lengths: upstream gives none here"
+    )
+    assert decide("DFLASH", needs_cpu_seq_lens=False, env={}).reason == (
+        "DFLASH plans KV from its reserved allocation when seq_lens_cpu is None and was "
+        "exempt from the WAR barrier before PR #29232; WAR barrier kept: the installed "
+        "worker does not fence its own req_to_token writes (no verify_done)"
+    )
+    assert caps_for("EAGLE", worker=_worker(host="reserved"), env={}).reason == (
+        "upstream's default; SimpleNamespace.host_seq_lens='reserved'"
+    )
+
+
+def test_no_algorithm_is_named_none_and_has_upstreams_default():
+    assert caps_mod.algorithm_name(None) == "NONE"
+    assert (
+        caps_for(None, env={})
+        == caps_for("NONE", env={})
+        == SpecCaps(True, "exact", "upstream's default")
+    )
+
+
+def test_without_sglang_the_known_algorithms_are_the_tables_and_the_registered(
+    monkeypatch, registered
+):
+    import sys
+
+    registered("my_algo", SpecCaps(False, "none", "mine"))
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.spec_info", None)
+    assert caps_mod.known_algorithms() == ["DFLASH", "MY_ALGO"]
+
+
+def test_only_spec_caps_can_be_registered():
+    with pytest.raises(TypeError, match="^caps must be a SpecCaps$"):
+        caps_mod.register_caps("my_algo", {"needs_war_barrier": False})
+
+
+@pytest.mark.parametrize("needs_cpu", [True, False])
+def test_describe_is_the_decision_for_every_known_algorithm(registered, needs_cpu):
+    """Every algorithm, plugin ones after SGLang's, each row the decision as ``doctor``
+    prints it; a bad setting is an error row for each, never the end of the table."""
+    registered("my_algo", SpecCaps(False, "none", "mine"))
+    names = [*ALGORITHMS, "MY_ALGO"]
+    rows = describe(env={}, needs_cpu_seq_lens=needs_cpu)
+    assert [row.pop("algorithm") for row in rows] == names
+    for name, row in zip(names, rows):
+        caps = decide(name, needs_cpu_seq_lens=needs_cpu, env={})
+        assert row == {
+            **{field: getattr(caps, field) for field in ("needs_war_barrier", "host_seq_lens")},
+            **{field: getattr(caps, field) for field in ("variant", "reason")},
+            "refused": list(caps.refused),
+        }, name
+    broken = describe(env={"SPEC_FUSED_WAR_BARRIER": "yes"}, needs_cpu_seq_lens=needs_cpu)
+    assert broken == [
+        {"algorithm": name, "error": "SPEC_FUSED_WAR_BARRIER='yes' is not valid; allowed: 0, 1"}
+        for name in names
+    ]

@@ -294,3 +294,223 @@ def test_post_import_hook_patches_on_import_and_is_removed(tmp_path, monkeypatch
     assert not hasattr(spec_fused_probe_mod.Scheduler, "x")
     assert not any(type(f).__name__ == "PostImportHook" for f in sys.meta_path)
     sys.modules.pop("spec_fused_probe_mod", None)
+
+
+def _spec_fused_lines(caplog) -> list:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "spec_fused"]
+
+
+@pytest.mark.parametrize("value", ["", "0", "false", "No", " OFF "])
+def test_the_disable_switch_reads_off_values_as_on(value):
+    assert sglang_patch.disabled_by({"SPEC_FUSED_DISABLE": value}) is None
+
+
+def test_register_says_in_one_line_what_it_did(monkeypatch, caplog):
+    """Disabled, refused, or applied with the scheduler's patch deferred to its import."""
+    monkeypatch.setenv("SPEC_FUSED_DISABLE", "1")
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        sglang_patch.register()
+    monkeypatch.delenv("SPEC_FUSED_DISABLE")
+
+    def refused():
+        raise UnsupportedSGLangError("SGLang 9: no FutureMap")
+
+    real_apply = sglang_patch.apply
+    monkeypatch.setattr(sglang_patch, "apply", refused)
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        sglang_patch.register()
+    monkeypatch.setattr(sglang_patch, "apply", real_apply)
+    monkeypatch.delitem(sys.modules, sglang_patch.SCHEDULER, raising=False)
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        sglang_patch.register()
+    lines = _spec_fused_lines(caplog)
+    assert lines[:2] == [
+        (logging.INFO, "spec_fused: disabled by SPEC_FUSED_DISABLE=1; SGLang runs its own relay"),
+        (
+            logging.WARNING,
+            "spec_fused: not loaded: SGLang 9: no FutureMap. SGLang runs its own relay.",
+        ),
+    ]
+    report = sglang_patch._report
+    assert lines[2:] == [
+        (logging.INFO, f"spec_fused: patched SGLang 0.5.23 ({', '.join(report.patched)})"),
+        (
+            logging.INFO,
+            "spec_fused: will patch on import: "
+            "sglang.srt.managers.scheduler.Scheduler._war_barrier_enabled",
+        ),
+    ]
+
+
+def test_an_unlisted_version_names_the_tested_release_whose_code_it_runs(monkeypatch, caplog):
+    monkeypatch.setattr(sglang_patch, "_sglang_version", lambda: "0.5.24")
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        sglang_patch.apply()
+    assert (
+        logging.INFO,
+        "spec_fused: SGLang 0.5.24 is not a listed release, but the code spec_fused patches "
+        "is 0.5.23's, which is tested: running",
+    ) in _spec_fused_lines(caplog)
+
+
+def test_code_that_several_releases_share_is_credited_to_the_installed_one(monkeypatch):
+    """The installed release is tried first: its own code is never credited to another."""
+    from spec_fused.integration import tested_code
+
+    shared = {**tested_code.TESTED_CODE, "0.5.19.post1": tested_code.TESTED_CODE["0.5.23"]}
+    monkeypatch.setattr(tested_code, "TESTED_CODE", shared)
+    monkeypatch.setattr(sglang_patch, "_sglang_version", lambda: "0.5.19.post1")
+    assert sglang_patch.apply().code == "0.5.19.post1"
+
+
+def test_an_overlap_utils_that_cannot_be_imported_is_refused_naming_why(monkeypatch):
+    real = importlib.import_module
+
+    def broken(name, *args):
+        if name == sglang_patch.OVERLAP_UTILS:
+            raise ImportError("no module named triton_kernels")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(UnsupportedSGLangError) as info:
+        sglang_patch.check_supported()
+    assert str(info.value) == (
+        "SGLang 0.5.23: cannot import sglang.srt.managers.overlap_utils (ImportError: no module "
+        "named triton_kernels)"
+    )
+
+
+def test_the_version_is_the_installed_distributions_else_the_packages(monkeypatch):
+    import importlib.metadata
+
+    import sglang
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "9.9.9" if name == "sglang" else real(name)
+    )
+    assert sglang_patch._sglang_version() == "9.9.9"
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    monkeypatch.setattr(sglang, "__version__", "9.9.8", raising=False)
+    assert sglang_patch._sglang_version() == "9.9.8"
+
+
+def test_apply_hands_the_scheduler_patch_to_the_schedulers_import(monkeypatch, tmp_path):
+    """Deferred or not, the callback apply() leaves for the scheduler module patches it."""
+    from support.upstream_rules import light_scheduler
+
+    handed = []
+    monkeypatch.setattr(PatchSet, "after_import", lambda self, name, cb: handed.append((name, cb)))
+    sglang_patch.apply()
+    ((name, callback),) = handed
+    assert name == "sglang.srt.managers.scheduler"
+    module = light_scheduler(tmp_path)
+    callback(module)
+    assert isinstance(module.Scheduler.__dict__["_war_barrier_enabled"], property)
+    sglang_patch.remove()
+    assert "_war_barrier_enabled" not in module.Scheduler.__dict__
+
+
+def test_the_buffer_attribute_says_what_it_does():
+    sglang_patch.apply()
+    assert FutureMap.__dict__["new_seq_lens_buf"].__doc__ == (
+        "FutureMap.new_seq_lens_buf; a pending fused publish lands before anyone outside "
+        "the relay reads it"
+    )
+
+
+def test_arguments_the_relay_does_not_know_go_to_sglangs_own_methods(monkeypatch):
+    """What SGLang may pass beyond today's signature reaches its original, as passed."""
+    from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
+
+    calls = []
+    for name in ("resolve_seq_lens_cpu", "resolve_mixed_spec_tails"):
+
+        def original(self, batch, *args, _name=name, **kwargs):
+            calls.append((_name, args, kwargs))
+
+        monkeypatch.setattr(FutureMap, name, original)
+    monkeypatch.setenv("SPEC_FUSED_ALLOW_UNTESTED", "1")  # the stand-ins are no release's
+    sglang_patch.apply()
+    try:  # removed before monkeypatch puts SGLang's methods back
+        cfg = TraceConfig(pool=16)
+        fm = make_future_map("EAGLE", cfg)
+        batch = decode_batch([1], cfg)
+        fm.resolve_seq_lens_cpu(batch, "positional", stream_ordered=True)
+        fm.resolve_mixed_spec_tails(batch, "positional", chunk=2)
+    finally:
+        sglang_patch.remove()
+    assert calls == [
+        ("resolve_seq_lens_cpu", ("positional",), {"stream_ordered": True}),
+        ("resolve_mixed_spec_tails", ("positional",), {"chunk": 2}),
+    ]
+
+
+def test_a_publish_with_no_confidence_is_fused(monkeypatch):
+    """``confidence=None`` (the keyword 0.5.23 passes on every publish) is no confidence."""
+    import torch
+
+    from spec_fused import relay as relay_mod
+    from spec_fused.tools.traces import TraceConfig, make_future_map
+
+    sglang_patch.apply()
+    fm = make_future_map("EAGLE", TraceConfig(pool=16))
+    fm.publish(torch.tensor([1, 2]), torch.tensor([10, 20]), confidence=None)
+    relay = relay_mod.relay_for(fm)
+    assert relay is not None and relay.pending is not None
+
+
+def test_each_kind_of_relay_failure_hands_back_with_one_line(caplog):
+    """The same failure text from two kinds of error is two lines."""
+    import torch
+
+    from spec_fused import log
+    from spec_fused import relay as relay_mod
+    from spec_fused.tools.traces import TraceConfig, make_future_map
+
+    log.reset()
+    sglang_patch.apply()
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        for error in (ValueError, ValueError, KeyError):
+            fm = make_future_map("EAGLE", TraceConfig(pool=16))
+            relay = relay_mod.relay_for(fm)
+
+            def broken(*args, _error=error, **kwargs):
+                raise _error("boom")
+
+            relay.publish = broken
+            fm.publish(torch.tensor([1]), torch.tensor([10]))
+            assert fm.__dict__[relay_mod.DISABLED_ATTR] is relay
+    assert [m for _, m in _spec_fused_lines(caplog)] == [
+        "spec_fused: fused publish failed (ValueError: boom); SGLang's own relay takes over "
+        "this FutureMap",
+        "spec_fused: fused publish failed (KeyError: 'boom'); SGLang's own relay takes over "
+        "this FutureMap",
+    ]
+
+
+def test_a_sticky_fault_landing_what_remove_lands_escapes_naming_the_landing(monkeypatch):
+    import torch
+
+    from spec_fused import relay as relay_mod
+    from spec_fused.tools.traces import TraceConfig, make_future_map
+
+    sglang_patch.apply()
+    fm = make_future_map("EAGLE", TraceConfig(pool=16))
+    fm.publish(torch.tensor([1]), torch.tensor([10]))
+    relay = relay_mod.relay_for(fm)
+
+    def dead(fence=True):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(relay, "land_pending", dead)
+    with pytest.raises(RuntimeError) as info:
+        sglang_patch.remove()
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "surfaced in spec_fused's fused landing of a pending publish (relay step" in notes
+    relay.pending = None
+    sglang_patch.remove()

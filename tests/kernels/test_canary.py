@@ -7,6 +7,7 @@ launcher, planting one in the kernel's normal launch is a wrong kernel."""
 import logging
 
 import pytest
+import torch
 from support.fake_triton import FakeCompiled, bound_launcher
 
 from spec_fused import log
@@ -14,6 +15,8 @@ from spec_fused import relay as relay_mod
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import canary as canary_mod
 from spec_fused.kernels import publish_gather as kernel
+from spec_fused.kernels.host_ring import HostRing
+from spec_fused.kernels.step_launcher import StepLauncher
 from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace
 
 
@@ -28,6 +31,18 @@ def fresh_verdicts():
 def _launchers(monkeypatch, make):
     """The canary builds its launchers with ``make(buf, **options)``."""
     monkeypatch.setattr(canary_mod, "StepLauncher", make)
+
+
+def _wrong_kernel(monkeypatch, spoil):
+    """The kernel's normal launch, then ``spoil(args)``: a wrong kernel."""
+    real = kernel.launch_triton
+
+    def wrong(a):
+        compiled = real(a)
+        spoil(a)
+        return compiled
+
+    monkeypatch.setattr(kernel, "launch_triton", wrong)
 
 
 def _canary(monkeypatch, corrupt=None):
@@ -48,23 +63,21 @@ def test_a_wrong_direct_launch_is_caught_and_the_normal_launch_used(monkeypatch,
     def off_by_one(out):
         out += 1
 
-    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
         verdict, _ = _canary(monkeypatch, corrupt=off_by_one)
     assert verdict.backend == "interpreter" and not verdict.direct
-    assert len(verdict.notes) == 1 and "direct launch failed the canary" in verdict.notes[0]
+    assert len(verdict.notes) == 1
+    assert verdict.notes[0].startswith("the direct launch failed the canary (lengths [")
+    assert verdict.notes[0].endswith("): normal launch")
     lines = [r.getMessage() for r in caplog.records if "start-up canary" in r.getMessage()]
-    assert len(lines) == 1 and "normal launch" in lines[0]
+    assert lines == [
+        "spec_fused: Triton's normal launch is used (the start-up canary failed the direct launch)",
+        f"spec_fused: start-up canary on cpu: {verdict.notes[0]}",
+    ]
 
 
 def test_a_wrong_kernel_is_caught_and_the_reference_serves(monkeypatch, caplog):
-    real = kernel.launch_triton
-
-    def wrong(a):
-        compiled = real(a)
-        a.out.mul_(2)
-        return compiled
-
-    monkeypatch.setattr(kernel, "launch_triton", wrong)
+    _wrong_kernel(monkeypatch, lambda a: a.out.mul_(2))
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         verdict = canary_mod.canary("cpu")
     assert verdict.backend == "reference" and verdict.notes
@@ -106,17 +119,17 @@ def test_the_reference_needs_no_canary(monkeypatch):
 
 def test_a_wrong_host_row_is_caught(monkeypatch):
     """The kernel's host-mirror store is checked too, not only the lengths."""
-    real = kernel.launch_triton
 
     def wrong_row(a):
-        compiled = real(a)
         if a.host_out is not None and a.gather_indices.numel():
             a.host_out[0] += 5
-        return compiled
 
-    monkeypatch.setattr(kernel, "launch_triton", wrong_row)
+    _wrong_kernel(monkeypatch, wrong_row)
     verdict = canary_mod.canary("cpu")
-    assert verdict.backend == "reference" and "host row" in verdict.notes[-1]
+    assert verdict.backend == "reference"
+    assert verdict.notes[-1].startswith(
+        "the fused kernel failed the canary (CanaryMismatch: host row ["
+    )
 
 
 def test_a_canary_that_cannot_set_up_proves_nothing_and_the_reference_serves(monkeypatch, caplog):
@@ -151,7 +164,9 @@ def test_the_debug_canary_catches_a_kernel_that_does_not_poison(monkeypatch):
     backend_mod._verdicts.clear()
     verdict = canary_mod.canary("cpu", debug=True)
     assert verdict.backend == "reference"
-    assert "published buffer" in verdict.notes[0]
+    assert verdict.notes[0].startswith(
+        "the fused kernel failed the canary (CanaryMismatch: published buffer ["
+    )
 
 
 def test_the_verdict_says_direct_only_for_launches_that_went_direct(monkeypatch):
@@ -185,6 +200,215 @@ def test_one_verdict_per_physical_device(monkeypatch):
 
 
 def test_the_verdict_says_what_proving_cost():
+    import time
+
+    started = time.perf_counter()
     verdict = canary_mod.canary("cpu")
-    assert verdict.seconds > 0
+    assert 0 < verdict.seconds <= time.perf_counter() - started
     assert f"in {verdict.seconds:.2f} s" in verdict.describe()
+
+
+class _Recording(StepLauncher):
+    """The launcher the canary builds, recording each launch: ``(gather dtype, gathered
+    from the staged host indices, publish values dtype or None, host row, batch)``."""
+
+    def __init__(self, buf, **options):
+        super().__init__(buf, **options)
+        self.seen = []
+        real_checked, real_launch = self.launch_checked, self.launch
+
+        def record(real):
+            def launch(gi, pi, pv, host):
+                staged = gi is self.staged and self.staged is not None
+                self.seen.append((gi.dtype, staged, None if pv is None else pv.dtype, host))
+                return real(gi, pi, pv, host)
+
+            return launch
+
+        self.launch_checked, self.launch = record(real_checked), record(real_launch)
+
+
+class _PinnedOnCpu(_Recording):
+    """Pinned, as a CUDA launcher is, once made: its host buffers are made up front (a CPU
+    torch cannot pin them)."""
+
+    _pretend = False
+
+    @property
+    def pinned(self) -> bool:
+        return self._pretend
+
+    def __init__(self, buf, **options):
+        super().__init__(buf, **options)
+        self._staging = torch.empty(64, dtype=torch.int64)
+        self.ring = HostRing(self.max_batch, pinned=False)
+        self._rows = self.ring.rows
+        self._pretend = True
+
+
+def _expected_launches(pinned_launcher: bool) -> list:
+    """Each case of CASES, checked then per step, as it names it (never a DP-idle gather)."""
+    return [
+        (torch.int64, pinned and pinned_launcher, values, host)
+        for values, pinned, host, _ in canary_mod.CASES
+        for _ in range(2)
+    ]
+
+
+@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize("launcher_cls", [_Recording, _PinnedOnCpu])
+def test_the_canary_launches_every_case_as_named_on_the_launcher_the_relay_builds(
+    monkeypatch, launcher_cls, debug
+):
+    """Debug mode and pinning as the relay will use them; the values' dtype of each case;
+    the host indices staged exactly for the pinned cases of a launcher that pins."""
+    made = []
+
+    def make(buf, **options):
+        made.append((buf.device, options, launcher_cls(buf, **options)))
+        return made[-1][2]
+
+    _launchers(monkeypatch, make)
+    pinned = launcher_cls is _Recording  # the CPU stand-in of a pinned one is built unpinned
+    verdict = canary_mod.canary("cpu", debug=debug, pinned=pinned)
+    assert (verdict.backend, verdict.notes) == ("interpreter", [])
+    ((device, options, launcher),) = made
+    assert device == torch.device("cpu")
+    assert options == {"poison": debug, "validate": debug, "pinned": pinned}
+    assert launcher.seen == _expected_launches(launcher_cls is _PinnedOnCpu)
+
+
+def test_a_launcher_built_with_the_default_pinning_pins(monkeypatch):
+    made = []
+    _launchers(monkeypatch, lambda buf, **kw: made.append(kw) or StepLauncher(buf, **kw))
+    canary_mod.canary("cpu")
+    assert made == [{"poison": False, "validate": False, "pinned": True}]
+
+
+def test_a_wrong_sum_is_caught(monkeypatch):
+    _wrong_kernel(monkeypatch, lambda a: a.out_sum.add_(1))
+    verdict = canary_mod.canary("cpu")
+    assert verdict.backend == "reference"
+    assert verdict.notes[-1].startswith("the fused kernel failed the canary (CanaryMismatch: sum ")
+
+
+def test_a_wrong_kernel_is_blamed_on_the_kernel_where_the_direct_launch_is_bound(monkeypatch):
+    """The normal launch of the first check is wrong: the kernel is, whatever launches it."""
+    _wrong_kernel(monkeypatch, lambda a: a.out.mul_(2))
+    verdict, _ = _canary(monkeypatch)
+    assert (verdict.backend, verdict.direct, verdict.cases) == ("reference", False, 0)
+    assert len(verdict.notes) == 1
+    assert verdict.notes[0].startswith("the fused kernel failed the canary (CanaryMismatch: ")
+
+
+def test_a_sticky_fault_surfacing_after_a_direct_launch_escapes_naming_the_canary(monkeypatch):
+    """On CUDA a direct launch's fault surfaces at the next call that waits for it: here
+    the host row's read after a per-step launch. It escapes; nothing steps down."""
+    compiled = FakeCompiled()
+
+    def faulting(buf, **options):
+        launcher = bound_launcher(buf, compiled, **options)
+        real_launch, real_read, direct, fault = launcher.launch, launcher.read_row, [False], [1]
+        real_checked = launcher.launch_checked
+
+        def launch(*args):
+            before = launcher.direct_launches
+            out = real_launch(*args)
+            direct[0] = launcher.direct_launches > before
+            return out
+
+        def launch_checked(*args):
+            direct[0] = False
+            return real_checked(*args)
+
+        def read_row(stamp, n, wait=None):
+            if direct[0] and fault and fault.pop():  # surfaces once, after a direct launch
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return real_read(stamp, n, wait)
+
+        launcher.launch, launcher.launch_checked = launch, launch_checked
+        launcher.read_row = read_row
+        return launcher
+
+    _launchers(monkeypatch, faulting)
+    with pytest.raises(RuntimeError) as info:
+        canary_mod.canary("cpu")
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "a sticky device fault surfaced in spec_fused's start-up canary on cpu." in notes
+    assert backend_mod.verdict_for("cpu").backend == "interpreter"  # never stepped down
+
+
+def test_the_verdict_says_direct_only_if_every_per_step_launch_went_direct(monkeypatch):
+    """One per-step launch that took the normal launch (a hook set for a moment) is
+    enough: the verdict reports what ran."""
+    compiled = FakeCompiled()
+
+    def once_hooked(buf, **options):
+        launcher = bound_launcher(buf, compiled, **options)
+        ready, hooked = launcher._direct.ready, [True]
+
+        def ready_unless_hooked():
+            return False if hooked and hooked.pop() else ready()
+
+        launcher._direct.ready = ready_unless_hooked
+        return launcher
+
+    _launchers(monkeypatch, once_hooked)
+    verdict = canary_mod.canary("cpu")
+    assert verdict.backend == "interpreter" and not verdict.notes
+    assert len(compiled.calls) == len(canary_mod.CASES) - 1
+    assert not verdict.direct and verdict.describe().startswith("normal launch")
+
+
+def test_on_cuda_the_canary_runs_on_its_own_high_priority_stream_on_that_device(monkeypatch):
+    """Under the device, on a fresh priority -1 stream made current, and each check waits
+    for that stream only; debug mode and pinning handed on as asked."""
+    events = []
+
+    class Device:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            events.append(("device", str(self.device)))
+
+        def __exit__(self, *exc):
+            events.append(("device exit",))
+
+    class Stream:
+        def __init__(self, device, priority=0):
+            events.append(("stream", str(device), priority))
+
+        def synchronize(self):
+            events.append(("synchronize",))
+
+    class Current:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            events.append(("current", type(self.stream).__name__))
+
+        def __exit__(self, *exc):
+            events.append(("current exit",))
+
+    def prove(verdict, device, debug, pinned, sync):
+        events.append(("prove", str(device), debug, pinned))
+        sync()
+
+    monkeypatch.setattr(canary_mod, "backend_for", lambda device: "triton")
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", Current)
+    monkeypatch.setattr(canary_mod, "_prove", prove)
+    verdict = canary_mod.canary("cuda:1", debug=True, pinned=False)
+    assert (verdict.device, verdict.backend, verdict.notes) == ("cuda:1", "triton", [])
+    assert events == [
+        ("device", "cuda:1"),
+        ("stream", "cuda:1", -1),
+        ("current", "Stream"),
+        ("prove", "cuda:1", True, False),
+        ("synchronize",),
+        ("current exit",),
+        ("device exit",),
+    ]

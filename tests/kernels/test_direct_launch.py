@@ -224,3 +224,82 @@ def test_an_empty_publish_keeps_the_lean_path():
     for _ in range(4):
         assert launcher.launch(gi, empty, empty, False).tolist() == [0, 0]
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("missing", [None, "_cuda_getCurrentRawStream", "_cuda_getDevice", "knobs"])
+def test_the_direct_launch_reads_torchs_cuda_accessors_or_blocks_naming_why(monkeypatch, missing):
+    """It binds torch's raw-stream and current-device accessors once; a torch without
+    either (a CPU build has neither), or a Triton without ``knobs``, blocks it at once."""
+    from spec_fused.kernels import direct_launch
+
+    accessors = {
+        "_cuda_getCurrentRawStream": lambda index: 1234,
+        "_cuda_getDevice": lambda: 0,
+    }
+    for name, accessor in accessors.items():
+        if name == missing:
+            monkeypatch.delattr(torch._C, name, raising=False)
+        else:
+            monkeypatch.setattr(torch._C, name, accessor, raising=False)
+    if missing == "knobs":
+        monkeypatch.setattr(direct_launch, "knobs", None)
+    fast = direct_launch.DirectLaunch(0, KERNEL)
+    if missing is None:
+        assert fast.blocked is None
+        assert fast.raw_stream is accessors["_cuda_getCurrentRawStream"]
+        assert fast._get_device is accessors["_cuda_getDevice"]
+    else:
+        assert fast.blocked == "this Triton or torch lacks what the direct launch reads"
+
+
+def test_each_reason_for_the_normal_launch_is_logged_once(caplog):
+    import logging
+
+    from spec_fused import log
+
+    log.reset()
+    fast = cpu_direct()
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        for why in ("a profiler's launch hook", "a profiler's launch hook", "another reason"):
+            fast.block(why)
+    assert fast.blocked == "another reason"
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "spec_fused: Triton's normal launch is used (a profiler's launch hook)"),
+        (logging.INFO, "spec_fused: Triton's normal launch is used (another reason)"),
+    ]
+
+
+def test_binding_what_is_no_compiled_kernel_blocks_naming_the_error():
+    fast = cpu_direct()
+    assert fast.bind(SimpleNamespace(run=None)) is None
+    assert fast.blocked.startswith("no compiled kernel to bind (AttributeError: ")
+
+
+def test_bind_refuses_a_compiled_kernel_without_a_function_handle():
+    """A compiled kernel whose module was never loaded has no ``function`` to launch."""
+    compiled = FakeCompiled()
+    compiled.function = None
+    fast = cpu_direct()
+    assert fast.bind(compiled) is None and fast.blocked
+
+
+def test_a_kernel_without_pre_run_hooks_is_ready():
+    """Triton releases before pre-run hooks have no such attribute: nothing to wait for."""
+    fast = cpu_direct(kernel=SimpleNamespace(arg_names=KERNEL.arg_names))
+    assert fast.ready()
+
+
+def test_the_direct_launch_runs_on_its_devices_current_stream():
+    compiled = FakeCompiled()
+    fast = cpu_direct(device=3)
+    asked = []
+    fast.raw_stream = lambda index: asked.append(index) or 77
+    bound = fast.bind(compiled)
+    buf = torch.zeros(8, dtype=torch.int64)
+    launcher = step_launcher.StepLauncher(buf, backend="interpreter")
+    gi = torch.tensor([1])
+    a = launcher._args(gi, None, None, buf.new_empty(1), False)
+    from spec_fused.kernels.publish_gather import kernel_args
+
+    fast.launch(bound, kernel_args(a))
+    assert asked == [3] and compiled.calls == [77]

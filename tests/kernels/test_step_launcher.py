@@ -11,7 +11,8 @@ import pytest
 import torch
 from support.fake_triton import FakeCompiled, bound_launcher, cpu_direct
 
-from spec_fused.kernels import checks, step_launcher
+from spec_fused.kernels import backend as backend_mod
+from spec_fused.kernels import checks, publish_gather, step_launcher
 from spec_fused.kernels.checks import InputError, StaleHostMirrorError
 from spec_fused.kernels.publish_gather import publish_gather_reference
 from spec_fused.kernels.step_launcher import StepLauncher
@@ -259,8 +260,8 @@ def test_sums_beyond_float_precision_are_exact(backend):
 
 
 class _DirectLaunch:
-    def __init__(self, device_index, kernel=None):
-        self.device_index, self.blocked = device_index, None
+    def __init__(self, device_index, kernel):
+        self.device_index, self.kernel, self.blocked = device_index, kernel, None
 
     def block(self, why):
         self.blocked = why
@@ -286,15 +287,16 @@ def _pretend_cuda(pg):
 def test_compiled_triton_binds_a_direct_launch_unless_the_canary_disproved_it(
     monkeypatch, verdict, blocked
 ):
-    from spec_fused.kernels import backend as backend_mod
     from spec_fused.kernels import direct_launch
 
     monkeypatch.setattr(direct_launch, "DirectLaunch", _DirectLaunch)
     proven = None if verdict is None else backend_mod.Verdict("cuda:0", "triton", **verdict)
-    monkeypatch.setattr(step_launcher, "verdict_for", lambda device: proven)
-    pg = _pretend_cuda(StepLauncher(_buf(), backend="reference"))
+    buf = _buf()  # the verdict read is its device's (a CPU one stands for cuda:0 here)
+    monkeypatch.setattr(step_launcher, "verdict_for", lambda d: proven if d == buf.device else None)
+    pg = _pretend_cuda(StepLauncher(buf, backend="reference"))
     pg.backend = "triton"
     assert isinstance(pg._direct, _DirectLaunch) and pg._direct.device_index == -1
+    assert pg._direct.kernel is publish_gather._publish_gather_kernel
     assert pg._direct.blocked == blocked
     pg.backend = "reference"
     assert pg._direct is None
@@ -398,3 +400,107 @@ def test_a_rebound_launcher_keeps_its_backend_and_launches_into_the_new_buffer(b
     assert pg.backend == backend and pg.buf is new
     out = pg.launch(torch.tensor([2, 3]), torch.tensor([3]), torch.tensor([7]), False)
     assert out.tolist() == [20, 7] and new[3] == 7 and old[3] == 0
+
+
+def test_direct_launches_count_once_each_like_every_launch():
+    buf = _buf()
+    compiled = FakeCompiled()
+    pg = bound_launcher(buf, compiled)
+    for step in range(4):  # the first is the checked one; then the bound path
+        pg.launch(torch.tensor([1, 2]), torch.tensor([1]), torch.tensor([step]), False)
+    assert (pg.launches, pg.direct_launches, len(compiled.calls)) == (4, 3, 3)
+
+
+def test_a_host_row_read_before_any_host_launch_is_refused_naming_the_step():
+    pg = StepLauncher(_buf(), backend="interpreter")
+    pg.launch(torch.tensor([1]), None, None, False)
+    with pytest.raises(
+        StaleHostMirrorError, match=r"^no host-mirror launch was made \(step 3\)$"
+    ) as info:
+        pg.read_row(3, 1)
+    assert info.value.cause == "no ring"
+
+
+def test_the_launchers_state_lives_on_its_buffers_device():
+    """The sum and the debug flag are made on the buffer's device, whatever it is (a
+    ``meta`` buffer here: a device other than the host, without CUDA)."""
+    pg = StepLauncher(
+        torch.zeros(8, dtype=torch.int64, device="meta"), poison=True, backend="reference"
+    )
+    assert pg.out_sum.device.type == "meta" and pg._flag.device.type == "meta"
+    assert not pg.pinned
+
+
+def _recording_pin_memory(monkeypatch, factory: str) -> list:
+    """``torch.<factory>`` records its ``pin_memory`` and allocates unpinned (a CPU torch
+    cannot pin)."""
+    real, asked = getattr(torch, factory), []
+
+    def allocate(*args, pin_memory=False, **kwargs):
+        asked.append(pin_memory)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, factory, allocate)
+    return asked
+
+
+class _OnCudaFromTheStart(StepLauncher):
+    """A launcher that is on CUDA (pinning, device rules) from its construction on."""
+
+    _on_cuda = property(lambda self: True, lambda self, value: None)
+
+
+def test_host_indices_are_staged_in_pinned_memory_exactly_on_cuda(monkeypatch):
+    host, cuda = StepLauncher(_buf(), backend="reference"), _pretend_cuda(StepLauncher(_buf()))
+    asked = _recording_pin_memory(monkeypatch, "empty")
+    host.stage_host_indices(torch.tensor([1, 2]))
+    cuda.stage_host_indices(torch.tensor([1, 2]))
+    assert asked == [False, True]
+
+
+def test_on_cuda_the_debug_flag_is_pinned_host_memory_the_kernel_writes_into(monkeypatch):
+    """Pinned on the host (the host reads it without a copy), whatever the buffer's device
+    (a ``meta`` buffer stands for a CUDA one here); without pinning, on the device."""
+    asked = _recording_pin_memory(monkeypatch, "full")
+    buf = torch.zeros(8, dtype=torch.int64, device="meta")
+    pinned = _OnCudaFromTheStart(buf, poison=True, backend="reference")
+    unpinned = _OnCudaFromTheStart(buf, poison=True, backend="reference", pinned=False)
+    assert asked == [True, False]
+    assert pinned._flag.device.type == "cpu" and unpinned._flag.device.type == "meta"
+
+
+def test_on_cuda_a_consumed_read_is_reported_at_the_next_launch_not_by_waiting(monkeypatch):
+    """The pinned flag is read when the host next touches the launcher (a launch, a row
+    read), never right after the launch that set it: that would wait for the device."""
+    from spec_fused.kernels.checks import PoisonedSlotError
+
+    _recording_pin_memory(monkeypatch, "full")
+    pg = _OnCudaFromTheStart(_buf(), poison=True, backend="reference")
+    pg.launch_checked(torch.tensor([1]), None, None, False)
+    pg.launch_checked(torch.tensor([1]), None, None, False)  # reads slot 1 consumed: flagged
+    with pytest.raises(PoisonedSlotError) as info:
+        pg.launch_checked(torch.tensor([2]), None, None, False)
+    assert info.value.slot == 1
+
+
+class _SaysCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA (what the reference step asks of its buffer)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_the_release_reference_moves_only_the_staged_host_indices_to_the_device():
+    buf = _buf().as_subclass(_SaysCuda)
+    pg = StepLauncher(buf, backend="reference")
+    pg.stage_host_indices(torch.tensor([1, 2]))
+    gi = torch.tensor([3, 4])
+    for _ in range(2):  # checked, then the lean reference step
+        assert pg.launch(gi, None, None, False).tolist() == [103, 104]
+
+
+def test_an_unknown_backend_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError) as info:
+        StepLauncher(_buf(), backend="cuda-graphs")
+    assert str(info.value) == f"unknown backend 'cuda-graphs'; one of {backend_mod.BACKENDS}"

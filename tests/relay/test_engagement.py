@@ -281,3 +281,21 @@ def test_a_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, caplog):
     assert messages(caplog) == [
         "spec_fused: could not prove the fused kernel ahead of serving (RuntimeError: no compiler)"
     ]
+
+
+def test_each_kind_of_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, caplog):
+    errors = iter([RuntimeError("no compiler"), RuntimeError("no compiler"), OSError("no disk")])
+
+    def fail(device, debug, pinned):
+        raise next(errors)
+
+    monkeypatch.setattr(sglang_patch, "canary", fail)
+    eagle = SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        for _ in range(3):
+            sglang_patch._proven.clear()
+            sglang_patch.prewarm_for(eagle, torch.zeros(4).as_subclass(_OnCuda))
+    assert messages(caplog) == [
+        "spec_fused: could not prove the fused kernel ahead of serving (RuntimeError: no compiler)",
+        "spec_fused: could not prove the fused kernel ahead of serving (OSError: no disk)",
+    ]

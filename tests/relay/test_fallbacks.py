@@ -152,6 +152,34 @@ def test_a_future_map_that_cannot_be_relayed_says_why(monkeypatch, caplog):
     ]
 
 
+def test_each_kind_of_set_up_failure_is_logged_once(monkeypatch, caplog):
+    """The same text from two kinds of failure is two reasons."""
+    errors = iter([ValueError("no good"), ValueError("no good"), TypeError("no good")])
+
+    def broken(self, *args, **kwargs):
+        raise next(errors)
+
+    monkeypatch.setattr(relay_mod.FusedRelay, "__init__", broken)
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        for _ in range(3):
+            assert relay_mod.relay_for(make_future_map("EAGLE", SMALL)) is None
+    assert messages(caplog) == [
+        "spec_fused: cannot relay this FutureMap (ValueError: no good); SGLang's relay runs",
+        "spec_fused: cannot relay this FutureMap (TypeError: no good); SGLang's relay runs",
+    ]
+
+
+def test_a_sticky_fault_while_setting_up_a_relay_escapes_naming_the_set_up(monkeypatch):
+    def dead(self, *args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(relay_mod.FusedRelay, "__init__", dead)
+    with pytest.raises(RuntimeError) as info:
+        relay_mod.relay_for(make_future_map("EAGLE", SMALL))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "surfaced in spec_fused's relay set-up for a FutureMap." in notes
+
+
 def test_algorithm_without_capabilities_runs_sglangs_path(caplog, monkeypatch):
     from spec_fused import caps as caps_mod
 
@@ -383,9 +411,12 @@ def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog):
             assert relay.pending is None
     lines = messages(caplog)
     assert len(lines) == 2
-    assert lines[0].startswith("spec_fused: a publish that cannot land was dropped (IndexError: ")
-    assert lines[1].startswith(
-        "spec_fused: a publish that cannot land was dropped (AttributeError: "
+    assert lines[0].startswith(
+        "spec_fused: a publish that cannot land was dropped (IndexError: index 99 is out of "
+    )
+    assert lines[1] == (
+        "spec_fused: a publish that cannot land was dropped (AttributeError: 'str' object "
+        "has no attribute 'to')"
     )
 
 

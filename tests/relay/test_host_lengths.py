@@ -137,15 +137,20 @@ def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypat
             with pytest.raises(StaleHostMirrorError, match="expected step"):
                 relay.launcher.read_lengths(out, lambda: None)
             return
+        stamps = []
         with caplog.at_level(logging.WARNING, logger="spec_fused"):
             for step in range(3):  # one log line per cause, not per step
                 stamp, out = _launched_with_a_stale_stamp(relay, [1, 2], [7 + step, 8])
+                stamps.append(stamp)
                 lens, total = relay.launcher.read_lengths(out, lambda: None)
                 assert lens.tolist() == [7 + step, 8] and total == 15 + step
     lines = [
         r.getMessage() for r in caplog.records if "reading this step's lengths" in r.getMessage()
     ]
-    assert len(lines) == 1
+    assert lines == [
+        f"spec_fused: host mirror slot holds step -12345 after waiting, expected step "
+        f"{stamps[0]}; reading this step's lengths from the device"
+    ]
 
 
 def test_a_resolve_with_nothing_to_gather_lands_the_pending_publish():
@@ -302,15 +307,71 @@ def test_debug_mode_checks_the_host_indices_against_future_indices():
 
 def test_each_reason_to_hand_a_step_back_is_logged_once(caplog):
     relay, fm, ops = direct_relay(EXACT)
+    reasons = []
     with caplog.at_level(logging.INFO, logger="spec_fused"):
+        batch = decode_batch([1, 2], CFG)
+        batch.req_pool_indices_cpu = torch.tensor([1, 2])
+        with pytest.raises(relay_mod.HandToSGLang) as info:  # before any publish
+            relay.resolve(fm, batch)
+        reasons.append(info.value.args)
         for _ in range(2):
             with ops.on(ops.forward):
                 relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
             batch = decode_batch([1, 2], CFG)
             batch.req_pool_indices_cpu = None
-            with pytest.raises(relay_mod.HandToSGLang):
+            with pytest.raises(relay_mod.HandToSGLang) as info:
                 relay.resolve(fm, batch)
-    assert [m for m in messages(caplog) if "SGLang's own resolve" in m] == [
-        "spec_fused: exact host lengths with no host indices matching "
-        "future_indices: SGLang's own resolve runs such steps"
+            reasons.append(info.value.args)
+    assert reasons == [
+        ("no publish yet",),
+        ("no host indices matching future_indices",),
+        ("no host indices matching future_indices",),
     ]
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "spec_fused"] == [
+        (
+            logging.INFO,
+            f"spec_fused: exact host lengths with {why}: SGLang's own resolve runs such steps",
+        )
+        for why in ("no publish yet", "no host indices matching future_indices")
+    ]
+
+
+def test_a_batch_without_host_indices_is_handed_back():
+    """``req_pool_indices_cpu`` is a field newer batches carry: without it, SGLang's."""
+    relay, fm, ops = direct_relay(EXACT)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
+    batch = decode_batch([1, 2], CFG)
+    batch.__dict__.pop("req_pool_indices_cpu", None)
+    with pytest.raises(relay_mod.HandToSGLang, match="^no host indices matching future_indices$"):
+        relay.resolve(fm, batch)
+
+
+def test_under_confidential_computing_an_exact_step_is_sglangs_without_a_line(caplog):
+    """The relay said so once, when it was made; every such step is handed back."""
+    relay, fm, ops = direct_relay(EXACT)
+    relay.pinned_ok = False
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
+    batch = decode_batch([1, 2], CFG)
+    batch.req_pool_indices_cpu = torch.tensor([1, 2])
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        with pytest.raises(relay_mod.HandToSGLang) as info:
+            relay.resolve(fm, batch)
+    assert info.value.args == ("Confidential Computing",) and messages(caplog) == []
+    assert relay.pending is None and fm.new_seq_lens_buf[[1, 2]].tolist() == [10, 20]
+
+
+def test_debug_mode_holds_an_exact_step_to_upstreams_consume_once_check():
+    relay, fm, ops = direct_relay(EXACT, debug=True)
+    with ops.on(ops.forward):
+        relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
+    for attempt in range(2):
+        batch = decode_batch([1, 2], CFG)
+        batch.req_pool_indices_cpu = torch.tensor([1, 2])
+        if attempt:  # no publish since the last resolve
+            with pytest.raises(AssertionError, match="^resolve without a fresh forward publish$"):
+                relay.resolve(fm, batch)
+        else:
+            relay.resolve(fm, batch)
+            assert batch.seq_lens_cpu.tolist() == [10, 20] and not fm._publish_fresh

@@ -214,3 +214,17 @@ def test_an_in_process_canary_that_faults_escapes_instead_of_serving(monkeypatch
         assert "SPEC_FUSED_DISABLE=1" in _notes(info.value)
     finally:
         backend_mod._verdicts.clear()
+
+
+def test_a_step_whose_future_map_is_gone_is_still_named():
+    """What a failure's note names when the FutureMap went first: its algorithm unknown."""
+    import gc
+
+    from support.fake_cuda import EXACT, direct_relay
+
+    relay, fm, _ = direct_relay(EXACT)
+    del fm
+    gc.collect()
+    assert relay.step_name("launch") == (
+        "spec_fused's fused launch (relay step 0, ?, war_guarded, kernel: interpreter, device cpu)"
+    )

@@ -257,3 +257,26 @@ def test_landing_with_plain_torch_fences_before_it_forgets_the_publish(fake):
         ("schedule", "record", fake.ready),
     ]
     assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][1:3].tolist() == [10, 20]
+
+
+def test_a_publish_under_capture_is_handed_back_saying_so():
+    relay, fm, ops = direct_relay(EXACT)
+    ops.capturing_now = True
+    with pytest.raises(relay_mod.HandToSGLang, match="^publish under CUDA-graph capture$"):
+        relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
+
+
+def test_a_host_relays_publish_ready_is_its_own_devices_event(monkeypatch):
+    """On a machine whose default accelerator is not the relay's device, the event other
+    readers gate on is still the relay device's (the host's, for a CPU relay)."""
+    real = torch.get_device_module
+    accelerator = SimpleNamespace(Event=lambda: pytest.fail("the default accelerator's event"))
+    monkeypatch.setattr(
+        torch,
+        "get_device_module",
+        lambda device=None: accelerator if device is None else real(device),
+    )
+    relay, fm, _ = direct_relay(EXACT, ops=None)
+    fm.publish_ready = None
+    relay.publish(fm, torch.tensor([4]), torch.tensor([40]))
+    assert isinstance(fm.publish_ready, type(real(torch.device("cpu")).Event()))

@@ -7,7 +7,10 @@ from spec_fused.tools.traces import TraceConfig, make_future_map
 
 
 def unpatched_then_patched(drive: Callable, algo, cfg: TraceConfig, **fm_kwargs):
-    """``drive`` run on SGLang's FutureMap as shipped, then on a patched one: both results."""
+    """``drive`` run on SGLang's FutureMap as shipped, then on a patched one: both results.
+    The patched one must have kept its relay: a relay handed back to SGLang on the way
+    would give SGLang's results and prove nothing."""
+    from spec_fused import relay as relay_mod
     from spec_fused.integration import sglang_patch
 
     was = sglang_patch.is_applied()
@@ -15,7 +18,10 @@ def unpatched_then_patched(drive: Callable, algo, cfg: TraceConfig, **fm_kwargs)
     try:
         want = drive(make_future_map(algo, cfg, **fm_kwargs))
         sglang_patch.apply()
-        got = drive(make_future_map(algo, cfg, **fm_kwargs))
+        fm = make_future_map(algo, cfg, **fm_kwargs)
+        got = drive(fm)
+        handed_back = fm.__dict__.get(relay_mod.DISABLED_ATTR)
+        assert handed_back is None, f"handed back to SGLang: {handed_back.disabled_reason}"
     finally:
         sglang_patch.remove()
         if was:
