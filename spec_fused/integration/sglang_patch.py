@@ -15,14 +15,11 @@ It patches, reversibly:
 While SGLang builds a speculative ``FutureMap`` on a CUDA device, the start-up canary
 (:mod:`spec_fused.kernels.canary`) proves the kernel there, before the first request.
 
-``SPEC_FUSED_DISABLE=1`` (or leaving ``spec_fused`` out of ``SGLANG_PLUGINS``) keeps SGLang
-exactly as shipped: the A side of every A/B. Anything not tested - a release below the
-range, a missing class or method, code that is not, as a whole, the code of a tested
-release (``code_check``) - makes :func:`apply` raise :class:`UnsupportedSGLangError`
-having patched nothing, and :func:`register` log that in one line and leave SGLang as it
-is. A scheduler whose barrier code was not tested keeps SGLang's own barrier. The
-replacements take any argument SGLang may pass: one they do not know goes to SGLang's
-original, never a ``TypeError`` inside the scheduler loop.
+``SPEC_FUSED_DISABLE=1`` (or ``spec_fused`` left out of ``SGLANG_PLUGINS``) keeps SGLang as
+shipped: the A side of every A/B. Anything untested (a release below the range, a missing
+method, code that is not as a whole a tested release's: ``code_check``) makes :func:`apply`
+patch nothing and :func:`register` say so in one line. An untested scheduler keeps its own
+barrier. An argument the replacements do not know goes to SGLang's original.
 """
 
 from __future__ import annotations

@@ -31,14 +31,11 @@ _INT64 = torch.int64
 
 
 class StepLauncher:
-    """Bound once to one relay buffer; ``launch(gi, pi, pv, host)`` is one step.
-
-    ``gi``: gather indices (or the pinned copy :meth:`stage_host_indices` made), ``pi`` /
-    ``pv``: the publish (or None), ``host``: also the sum and, with a ``mirror``, the
-    host row ``[*lens, sum]`` with the step's stamp (read back by :meth:`read_row`).
-    Each step returns a fresh ``(n,)`` result: the relay hands it to SGLang as
-    ``batch.seq_lens``, which outlives the step. Debug mode (``poison``/``validate``)
-    takes the full check on every step."""
+    """Bound once to one relay buffer; ``launch(gi, pi, pv, host)`` is one step: gather
+    indices (or :meth:`stage_host_indices`' pinned copy), the publish (or None), and with
+    ``host`` the sum plus, with a ``mirror``, the stamped host row ``[*lens, sum]``
+    (:meth:`read_row`). Each step returns a fresh ``(n,)`` result, as SGLang keeps it as
+    ``batch.seq_lens``. Debug mode (``poison``/``validate``) fully checks every step."""
 
     def __init__(
         self,
@@ -77,8 +74,6 @@ class StepLauncher:
         self.staged: Optional[torch.Tensor] = None  # trusted pinned gather indices
         self._staging: Optional[torch.Tensor] = None
         self.backend = backend or backend_for(buf.device)
-
-    # ------------------------------------------------------------------ binding
 
     @property
     def pinned(self) -> bool:
@@ -125,11 +120,10 @@ class StepLauncher:
         return self.ring
 
     def stage_host_indices(self, host, like: Optional[torch.Tensor] = None):
-        """``host`` (CPU indices) copied into a pinned buffer the kernel reads zero-copy,
-        so an exact step's launch waits for the publish only, not for the schedule stream
-        and its WAR barrier; the view is trusted by :meth:`launch`. None when ``host`` is
-        not a CPU index tensor shaped as ``like`` (then SGLang's own resolve runs). Only
-        once the previous launch that read the staging buffer has completed."""
+        """``host`` (CPU indices) copied into a pinned buffer the kernel reads zero-copy, so
+        an exact step waits for the publish only, not for the schedule stream's WAR barrier;
+        :meth:`launch` trusts the view. None unless ``host`` is CPU indices shaped as
+        ``like``. Call only once the last launch that read the staging buffer completed."""
         if not isinstance(host, torch.Tensor) or host.device.type != "cpu":
             return None
         if host.is_floating_point() or (like is not None and host.shape != like.shape):
@@ -143,8 +137,6 @@ class StepLauncher:
         if self.validate and like is not None and not torch.equal(view, like.cpu()):
             raise AssertionError("batch.req_pool_indices_cpu differs from future_indices")
         return view
-
-    # ------------------------------------------------------------------ per step
 
     def _key(self, gi, pi, pv, host: bool):
         """What the guard accepts without the full check: 1-D contiguous inputs on the

@@ -1,0 +1,28 @@
+"""The package stays within the line budgets it was cut to (docs/design.md, "What was cut"):
+a mechanism that comes back has to make room, or raise a budget with its reason."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "spec_fused"
+SOURCES = [p for p in PACKAGE.rglob("*.py") if p.name != "tested_code.py"]
+
+
+def _lines(paths) -> int:
+    return sum(len(p.read_text().splitlines()) for p in paths)
+
+
+def test_the_package_and_its_tools_stay_within_their_budgets():
+    assert _lines(SOURCES) <= 4_500
+    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_000
+    assert _lines([PACKAGE / "kernels" / "publish_gather.py"]) <= 250
+    assert _lines((ROOT / "bench").rglob("*.py")) <= 2_500
+
+
+def test_no_module_or_class_outgrows_its_budget():
+    for path in SOURCES:
+        assert _lines([path]) <= 400, path
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno - node.lineno + 1 <= 250, f"{path}: {node.name}"
