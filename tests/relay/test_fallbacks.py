@@ -113,8 +113,12 @@ def test_forced_reference_backend(monkeypatch, upstream):
     assert got == upstream and fm.__dict__[relay_mod.RELAY_ATTR].launcher.backend == "reference"
 
 
-def test_future_map_without_the_consume_once_flag_is_relayed(upstream):
-    """0.5.15's FutureMap has no ``_publish_fresh``: the relay works without it."""
+@pytest.mark.parametrize("debug", [False, True])
+def test_future_map_without_the_consume_once_flag_is_relayed(upstream, monkeypatch, debug):
+    """0.5.15's FutureMap has no ``_publish_fresh``: the relay works without it, and in
+    debug mode checks nothing the release does not."""
+    if debug:
+        monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
     got, fm = _patched_run(before_trace=lambda fm: fm.__dict__.pop("_publish_fresh", None))
     assert got == upstream
     relay = relay_mod.relay_for(fm)

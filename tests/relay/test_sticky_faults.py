@@ -124,9 +124,12 @@ def test_a_sticky_fault_in_the_plain_torch_landing_escapes_instead_of_dropping(m
             raise _accelerator_error()
 
     monkeypatch.setattr(relay.launcher, "buf", DeadBuffer())
-    with pytest.raises(torch.AcceleratorError):
+    with pytest.raises(torch.AcceleratorError) as info:
         relay.land_with_torch()
     assert relay.pending is None
+    assert "surfaced in spec_fused's fused landing of a pending publish (relay step" in _notes(
+        info.value
+    )
 
 
 RECOVERABLE = {

@@ -249,13 +249,16 @@ def test_landing_with_plain_torch_fences_before_it_forgets_the_publish(fake):
     ``publish_ready`` and keeps the pending publish's forward-stream tensors alive for it
     (``record_stream``) *before* it drops them, then writes from them on that stream."""
     ops, fm, relay = fake.ops, fake.fm, fake.relay
+    pending, kept, record = relay.pending, [], ops.record_stream
+    ops.record_stream = lambda tensor, stream: (kept.append(tensor), record(tensor, stream))
     relay.land_with_torch()
     assert ops.log == [
         ("schedule", "wait_event", fake.ready),
         ("schedule", "record_stream"),
-        ("schedule", "record_stream"),  # indices, values
+        ("schedule", "record_stream"),
         ("schedule", "record", fake.ready),
     ]
+    assert len(kept) == 2 and all(k is p for k, p in zip(kept, pending, strict=True))
     assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][1:3].tolist() == [10, 20]
 
 
