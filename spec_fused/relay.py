@@ -5,15 +5,20 @@
 
 * no host lengths (``needs_cpu_seq_lens`` off): the caller's stream waits for
   ``publish_ready`` on the device and the launch runs there, as upstream's GPU-only path.
-* exact host lengths: the launch runs on a private stream gated on ``publish_ready`` only
-  (it gathers through pinned host indices, so it does not queue behind the WAR barrier)
-  and writes ``bs + 1`` values into the pinned host ring; the host waits for that launch
-  alone, never for upstream's pool-sized copy and synchronize.
+* exact host lengths: a private stream gated on ``publish_ready`` only - as upstream's
+  own copy stream is - takes the batch's host indices up, launches, and brings the row
+  ``[*lens, sum]`` down: ``8·(n + 1)`` bytes instead of upstream's ``8·pool``. The host
+  waits for that stream alone, never for the schedule stream (and its WAR barrier, which
+  in 0.5.15-0.5.18, and for EAGLE's draft-extend read-done in 0.5.23, lies past the
+  publish); the device ``future_indices`` a filtered batch made on the schedule stream are
+  never read there.
 
 A publish still pending when anything else reads ``new_seq_lens_buf`` lands first
 (:meth:`FusedRelay.land_pending`). A failing kernel steps down to the torch reference; a
 failing reference hands the FutureMap back to SGLang; a sticky device fault escapes
-(:func:`step_failed`). Every CUDA call goes through :mod:`spec_fused.cuda_ops`.
+(:func:`step_failed`). Where no GPU run has measured a configuration level with SGLang's,
+SGLang's relay runs it (:mod:`spec_fused.measured`). Every CUDA call goes through
+:mod:`spec_fused.cuda_ops`.
 """
 
 from __future__ import annotations
@@ -28,14 +33,10 @@ from spec_fused.caps import SpecCaps, decide
 from spec_fused.cuda_ops import ops_for, unsupported_device
 from spec_fused.faults import raise_if_sticky
 from spec_fused.kernels.backend import explain_relay_backend, ignored_force_backend
-from spec_fused.kernels.checks import (
-    InputError,
-    InputTypeError,
-    PoisonedSlotError,
-    StaleHostMirrorError,
-)
+from spec_fused.kernels.checks import InputError, InputTypeError, PoisonedSlotError
 from spec_fused.kernels.step_launcher import StepLauncher
 from spec_fused.log import log_once
+from spec_fused.measured import handed_to_sglang
 from spec_fused.upstream import confidential_compute, debug_enabled, sglang_tracks_seq_lens
 
 logger = logging.getLogger("spec_fused")
@@ -49,16 +50,10 @@ live_relays: weakref.WeakSet[FusedRelay] = weakref.WeakSet()  # remove() lands w
 # against 1.5 µs on the project's 2-core CPU).
 _PY_SUM_MAX = 64
 # The caller's fault (bad input, raised before anything is written) or a caught bug
-# (SGLang's own debug assertions, the consume-once and stamp checks): raised as they are,
-# never a reason to change backend. Anything else - Triton's launcher raises ValueError
-# and TypeError for its own failures too - is the backend's.
-CALLERS_ERRORS = (
-    InputError,
-    InputTypeError,
-    AssertionError,
-    PoisonedSlotError,
-    StaleHostMirrorError,
-)
+# (SGLang's own debug assertions, the consume-once check): raised as they are, never a
+# reason to change backend. Anything else - Triton's launcher raises ValueError and
+# TypeError for its own failures too - is the backend's.
+CALLERS_ERRORS = (InputError, InputTypeError, AssertionError, PoisonedSlotError)
 
 
 class HandToSGLang(Exception):
@@ -83,12 +78,16 @@ def future_map_caps(fm, *, worker=None) -> SpecCaps:
     return caps
 
 
-class FusedRelay:
-    """Per-FutureMap state: the pending publish, the launcher, the chosen variant.
+def gives_host_lengths(caps: SpecCaps, fm) -> bool:
+    """Exact host lengths: where upstream gives them (``needs_cpu_seq_lens``), or claimed
+    outright. (``FusedRelay.resolve`` inlines this on the per-step path.)"""
+    return caps.exact_claimed or (caps.host_seq_lens == "exact" and bool(fm.needs_cpu_seq_lens))
 
-    Why a consumed publish is kept one more step (``landed``): its forward-stream tensors
-    may be read on the private stream; held until the next resolve, the caching allocator
-    cannot reuse them before the next forward, which waits for that launch."""
+
+class FusedRelay:
+    """Per-FutureMap state: the pending publish, the launcher, the chosen variant. A
+    consumed publish is held one more step (``landed``): read on another stream, its
+    tensors must outlive the next forward (which waits for that launch)."""
 
     def __init__(self, future_map, caps: SpecCaps, *, debug: bool, ops=None):
         self.future_map_ref = weakref.ref(future_map)
@@ -97,16 +96,14 @@ class FusedRelay:
         self.device = buf.device
         self.ops: Any = ops_for(buf.device) if ops is None else ops  # None off CUDA
         self.on_cuda = self.ops is not None
-        # Under Confidential Computing SGLang turns pinned memory off: the kernel's
-        # zero-copy host stores would fault or crawl, so exact host lengths are SGLang's.
-        self.pinned_ok = not (self.on_cuda and confidential_compute())
         self.launcher = StepLauncher(
             buf,
             poison=debug,
             validate=debug,
             backend=explain_relay_backend(buf.device)[0],
-            pinned=self.pinned_ok,
-            mirror=self.on_cuda,  # on CPU the lengths are host lengths already
+            # Under Confidential Computing SGLang stages host copies in pageable memory
+            # (``is_pin_memory_available``); the relay's two small copies do too.
+            pinned=not (self.on_cuda and confidential_compute()),
         )
         self.pending: Optional[tuple] = None  # (indices, values) not yet in the buffer
         self.landed: Optional[tuple] = None  # the last consumed publish (see above)
@@ -117,22 +114,36 @@ class FusedRelay:
             self.relay_stream = self.ops.new_stream()
             self.relay_stream_ctx = self.ops.stream_ctx(self.relay_stream)
             self.done_event = self.ops.event()
-        self.set_caps(caps)
+        self._adopt(caps)
         live_relays.add(self)
 
-    def set_caps(self, caps: SpecCaps) -> None:
-        """Adopt (possibly newer) capabilities, e.g. the scheduler's, which know the worker."""
+    def _adopt(self, caps: SpecCaps) -> None:
         self.caps = caps
         self.exact_claimed = caps.exact_claimed  # read every step
         self.host_seq_lens = caps.host_seq_lens
         self.exact = caps.host_seq_lens == "exact"
         self.variant = caps.variant
-        if self.exact and self.on_cuda and self.pinned_ok:
-            self.launcher.ensure_host_ring()
+
+    def set_caps(self, caps: SpecCaps) -> None:
+        """Adopt newer capabilities (the scheduler's, which know the worker); where they
+        make a configuration no GPU measured level, SGLang's relay takes the FutureMap."""
+        self._adopt(caps)
+        fm = self.future_map_ref()
+        why = None if fm is None else handed_to_sglang(self.device, gives_host_lengths(caps, fm))
+        if why is not None and fm.__dict__.get(RELAY_ATTR) is self:
+            log_once(("unmeasured", why), "%s: SGLang's relay runs", why, level=logging.INFO)
+            self.retire(fm, why)
+
+    def retire(self, fm, reason: str) -> None:
+        """Hand ``fm`` back to SGLang for good: what is pending lands with plain torch (what
+        upstream's publish does), then SGLang's own methods run."""
+        self.land_with_torch()
+        self.disabled_reason = reason
+        fm.__dict__[RELAY_ATTR] = None
+        fm.__dict__[DISABLED_ATTR] = self
 
     def gives_host_lengths(self, fm) -> bool:
-        """Where upstream gives them (``needs_cpu_seq_lens``), or claimed outright."""
-        return self.exact_claimed or (self.exact and bool(fm.needs_cpu_seq_lens))
+        return gives_host_lengths(self.caps, fm)
 
     def step_name(self, what: str) -> str:
         """Which step a failure surfaced in, for the one line that names it."""
@@ -142,14 +153,14 @@ class FusedRelay:
             f"{self.variant}, kernel: {self.launcher.backend}, device {self.device})"
         )
 
-    def _launch(self, gi, pi, pv, host: bool) -> torch.Tensor:
+    def _launch(self, gi, pi, pv, row: bool) -> torch.Tensor:
         """One step's launch; a backend that fails steps down to the reference, once."""
         try:
-            return self.launcher.launch(gi, pi, pv, host)
+            return self.launcher.launch(gi, pi, pv, row)
         except Exception as exc:
-            return self._step_down(exc, gi, pi, pv, host)
+            return self._step_down(exc, gi, pi, pv, row)
 
-    def _step_down(self, exc, gi, pi, pv, host: bool) -> torch.Tensor:
+    def _step_down(self, exc, gi, pi, pv, row: bool) -> torch.Tensor:
         """A launch raised: the caller's error and a sticky fault are raised; a backend that
         failed steps down to the reference, once, and the step is launched again there."""
         if isinstance(exc, (InputError, InputTypeError)):
@@ -165,9 +176,7 @@ class FusedRelay:
             exc,
         )
         self.launcher.backend = "reference"
-        return self.launcher.launch(gi, pi, pv, host)
-
-    # ------------------------------------------------------------------ FutureMap API
+        return self.launcher.launch(gi, pi, pv, row)
 
     def publish(self, fm, indices, new_seq_lens) -> None:
         if self.on_cuda and self.ops.capturing():
@@ -199,12 +208,12 @@ class FusedRelay:
         exact = self.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
         if exact and self.on_cuda:
             host = getattr(batch, "req_pool_indices_cpu", None)  # upstream's FIXME: == fi
-            gather = self.launcher.stage_host_indices(host, fi) if self.pinned_ok else None
-            if gather is None or event is None:
+            staged = self.launcher.stage_host_indices(host, fi)
+            if staged is None or event is None:
                 self._hand_back(event)
             if self.debug:
                 self._consume_once(fm, event)
-            return self._resolve_exact_cuda(batch, gather, event)
+            return self._resolve_exact_cuda(batch, staged, event)
         if self.debug:
             self._consume_once(fm, event)
         if event is not None:
@@ -235,42 +244,34 @@ class FusedRelay:
         SGLang's: the pending publish lands first, then SGLang's resolve runs, as shipped."""
         why = "no publish yet" if event is None else "no host indices matching future_indices"
         self.land_pending()
-        if self.pinned_ok:  # under Confidential Computing the relay said so when it was made
-            log_once(
-                ("hand-back", why),
-                "exact host lengths with %s: SGLang's own resolve runs such steps",
-                why,
-                level=logging.INFO,
-            )
-        raise HandToSGLang(why if self.pinned_ok else "Confidential Computing")
+        log_once(
+            ("hand-back", why),
+            "exact host lengths with %s: SGLang's own resolve runs such steps",
+            why,
+            level=logging.INFO,
+        )
+        raise HandToSGLang(why)
 
-    def _resolve_exact_cuda(self, batch, gather, event) -> None:
-        """The private stream, gated on ``publish_ready`` only, runs the launch that reads
-        the pinned host indices and writes ``bs + 1`` values into the pinned ring; the
-        caller's stream waits for it on the device, the host for its event only."""
-        cur = self.ops.current_stream()
-        self.relay_stream.wait_event(event)
+    def _resolve_exact_cuda(self, batch, staged, event) -> None:
+        """The private stream, gated on ``publish_ready`` only: host indices up, the launch,
+        the row ``[*lens, sum]`` down; the host waits for that stream alone. Everything it
+        wrote is complete when the host returns, so no other stream waits for it."""
+        launcher, stream = self.launcher, self.relay_stream
+        stream.wait_event(event)
         pending = self.pending
         pi, pv = pending or (None, None)
         try:
             with self.relay_stream_ctx:
-                try:
-                    out = self._launch(gather, pi, pv, True)
-                finally:  # also when bad input raises: what was written is ordered
-                    self.done_event.record(self.relay_stream)
-        finally:
-            cur.wait_event(self.done_event)
+                out = self._launch(launcher.upload_host_indices(staged), pi, pv, True)
+                launcher.row_to_host(out)
+        finally:  # also when a launch raised: nothing it enqueued outlives the step
+            self.done_event.record(stream)
+            self.done_event.synchronize()
         self.landed, self.pending = pending, None
-        self.ops.record_stream(out, cur)  # allocated on the private stream, used on cur
-        wait = self.done_event.synchronize
-        wait()  # the host waits for this launch only
-        batch.seq_lens = out
-        if out.numel():
-            batch.seq_lens_cpu, batch.seq_lens_sum = self.launcher.read_lengths(out, wait)
-        else:
-            batch.seq_lens_cpu, batch.seq_lens_sum = torch.empty(0, dtype=torch.int64), 0
-
-    # ------------------------------------------------------------------ other readers
+        self.ops.record_stream(out, self.ops.current_stream())  # made on the private stream
+        n = staged.shape[0]
+        batch.seq_lens = out[:n]
+        batch.seq_lens_cpu, batch.seq_lens_sum = launcher.host_lengths(n)
 
     def land_pending(self, fence: bool = True) -> None:
         """Land a pending publish now, as a publish-only launch. On CUDA it runs on the
@@ -361,8 +362,13 @@ def relay_for(fm) -> Optional[FusedRelay]:
                 ("device", unsupported), "not relaying on %s; SGLang's relay runs", unsupported
             )
             return None
+        caps = d.get(CAPS_ATTR) or future_map_caps(fm)
+        why = handed_to_sglang(d[BUF_ATTR].device, gives_host_lengths(caps, fm))
+        if why is not None:
+            log_once(("unmeasured", why), "%s: SGLang's relay runs", why, level=logging.INFO)
+            return None
         debug = debug_enabled()
-        relay = FusedRelay(fm, d.get(CAPS_ATTR) or future_map_caps(fm), debug=debug)
+        relay = FusedRelay(fm, caps, debug=debug)
     except KeyError as exc:  # an algorithm without capabilities
         log_once(("caps", str(fm.spec_algo)), "%s; SGLang's relay runs", str(exc).strip('"'))
         return None
@@ -378,13 +384,6 @@ def relay_for(fm) -> Optional[FusedRelay]:
     if debug and not sglang_tracks_seq_lens() and getattr(fm, "_relay", None) is None:
         d[BUF_ATTR].fill_(-1)  # poisoned init, as upstream's debug mode
     d[RELAY_ATTR] = relay
-    if not relay.pinned_ok:
-        log_once(
-            "cc",
-            "Confidential Computing (SGLang's own check): exact host lengths come from "
-            "SGLang's resolve; the fused launch serves the GPU-only steps",
-            level=logging.INFO,
-        )
     ignored = ignored_force_backend()
     if ignored is not None:
         log_once(("force-backend", ignored), "%s", ignored)

@@ -71,6 +71,12 @@ FORCE_BACKEND = Setting(
     "it; any other value is ignored with a warning",
 )
 BENCH = Setting("SPEC_FUSED_BENCH", "", "1: allow SPEC_FUSED_FORCE_BACKEND=null (benchmarks only)")
+UNMEASURED = Setting(
+    "SPEC_FUSED_UNMEASURED",
+    "",
+    "1: relay configurations no GPU run has measured level with SGLang (spec_fused/measured.py: "
+    "exact host lengths on CUDA), to measure them or to try them",
+)
 
 SETTINGS = (
     DISABLE,
@@ -81,6 +87,7 @@ SETTINGS = (
     FORCE_REFERENCE,
     FORCE_BACKEND,
     BENCH,
+    UNMEASURED,
 )
 
 

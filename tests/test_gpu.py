@@ -1,7 +1,11 @@
-"""GPU-only checks (run by bench/gpu_check.sh on the lent H200): the compiled kernel, the
-direct launch, real streams and events, pinned zero-copy host rows, CUDA-graph capture,
+"""GPU-only checks (run by bench/gpu_check.sh on a lent H100/H200): the compiled kernel, the
+direct launch, real streams and events, the exact step's host copies, CUDA-graph capture,
 and what the profiler sees per step. Each CUDA-side finding of the stream-order tests
-(tests/relay/test_stream_order.py, on a CPU stand-in) is checked here on real streams."""
+(tests/relay/test_stream_order.py, on a CPU stand-in) is checked here on real streams.
+
+These test the relay's correctness wherever it can run, so exact host lengths on CUDA -
+which spec_fused hands to SGLang until a GPU measures them level (spec_fused/measured.py)
+- are relayed here with ``SPEC_FUSED_UNMEASURED=1``; the gate itself is tested last."""
 
 import random
 from types import SimpleNamespace
@@ -26,6 +30,11 @@ from spec_fused.kernels.step_launcher import StepLauncher  # noqa: E402
 from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map, run_trace  # noqa: E402
 
 DEV = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def relay_unmeasured(monkeypatch):
+    monkeypatch.setenv("SPEC_FUSED_UNMEASURED", "1")
 
 
 @pytest.fixture
@@ -68,19 +77,24 @@ def test_compiled_kernel_matches_reference_across_sizes(kernel_launches):
     assert kernel_launches.count == len(cases)
 
 
-def test_pinned_host_out_and_pinned_indices_are_read_and_written_zero_copy(kernel_launches):
+def test_a_row_reaches_the_host_in_one_copy_and_host_memory_is_refused(kernel_launches):
+    """The exact step's launch writes a device row ``[*lens, sum]``; one copy of it is the
+    host lengths. Host memory, pinned or not, is refused before anything is written."""
     buf = torch.arange(1000, device=DEV)
-    host = torch.full((4,), -1, dtype=torch.int64, pin_memory=True)
-    host_idx = torch.tensor([5, 7, 999], dtype=torch.int64).pin_memory()
-    publish_gather(
-        buf, host_idx, torch.tensor([7], device=DEV), torch.tensor([70], device=DEV), host_out=host
-    )
+    pg = StepLauncher(buf)
+    host_idx = torch.tensor([5, 7, 999], dtype=torch.int64)
+    staged = pg.stage_host_indices(host_idx, host_idx.to(DEV))
+    assert staged.is_pinned()
+    gi = pg.upload_host_indices(staged)
+    assert gi.device == buf.device
+    row = pg.launch(gi, torch.tensor([7], device=DEV), torch.tensor([70], device=DEV), True)
+    pg.row_to_host(row)
     torch.cuda.current_stream().synchronize()
-    assert host.tolist() == [5, 70, 999, 1074] and kernel_launches.count == 1
-    with pytest.raises(ValueError, match="pinned"):
-        publish_gather(buf, host_idx.to(DEV), host_out=torch.empty(4, dtype=torch.int64))
-    with pytest.raises(ValueError, match="gather_indices is on cpu"):
-        publish_gather(buf, torch.tensor([1]))  # pageable host memory is refused
+    lens, total = pg.host_lengths(3)
+    assert (lens.tolist(), total) == ([5, 70, 999], 1074) and kernel_launches.count == 1
+    for host in (host_idx.pin_memory(), host_idx):
+        with pytest.raises(ValueError, match="gather_indices is on cpu"):
+            publish_gather(buf, host)
     assert kernel_launches.count == 1
 
 
@@ -111,7 +125,7 @@ def test_the_canary_proves_the_direct_launch_here():
 
 def test_bound_direct_launch_matches_the_reference_one_launch_per_step(kernel_launches):
     g = torch.Generator().manual_seed(5)
-    for pool, n, m, host, vdtype in [
+    for pool, n, m, row, vdtype in [
         (4096, 1, 1, False, torch.int64),
         (4096, 256, 256, True, torch.int32),
         (65536, 1024, 1100, True, torch.int64),
@@ -129,13 +143,12 @@ def test_bound_direct_launch_matches_the_reference_one_launch_per_step(kernel_la
             gat = torch.randint(0, pool, (n,), generator=g)
             want = publish_gather_reference(ref, gat, pub if m else None, vals if m else None)
             out = pg.launch(
-                gat.to(DEV), pub.to(DEV) if m else None, vals.to(DEV) if m else None, host
+                gat.to(DEV), pub.to(DEV) if m else None, vals.to(DEV) if m else None, row
             )
             torch.cuda.synchronize()
-            assert torch.equal(out.cpu(), want.seq_lens), (pool, n, m, step)
-            if host:
-                lens, total = pg.read_row(pg.stamp, n)
-                assert torch.equal(lens, want.seq_lens) and total == int(want.seq_lens_sum)
+            assert torch.equal(out[:n].cpu(), want.seq_lens), (pool, n, m, step)
+            if row:
+                assert int(out[n]) == int(want.seq_lens_sum)
         assert torch.equal(pg.buf.cpu(), ref)
         assert pg._direct is not None and pg._direct.blocked is None, pg._direct.blocked
         assert kernel_launches.count == steps and kernel_launches.direct == steps - 1
@@ -198,7 +211,7 @@ def test_tritons_own_launch_error_goes_down_the_reference_rung(patched, monkeypa
     fm.publish(torch.tensor([1, 2], device=DEV), torch.tensor([10, 20], device=DEV))
     relay = relay_mod.relay_for(fm)
 
-    def pageable(gi, pi, pv, host):
+    def pageable(gi, pi, pv, row):
         out = relay.launcher.buf.new_empty(gi.numel())  # the launcher refuses, never writes
         buf, out_sum = relay.launcher.buf, relay.launcher.out_sum
         kernel.launch_triton(kernel.Args(buf, gi.cpu(), pi, pv, out, out_sum))
@@ -293,7 +306,7 @@ def test_a_publish_under_graph_capture_is_sglangs_own_and_replays(patched):
         assert fm.__dict__["new_seq_lens_buf"][3:5].cpu().tolist() == [100 + k, 200 + k]
 
 
-def test_the_direct_launch_with_a_host_row_can_be_captured():
+def test_the_direct_launch_of_a_row_can_be_captured():
     pg = StepLauncher(torch.zeros(256, dtype=torch.int64, device=DEV))
     gi = torch.zeros(16, dtype=torch.int64, device=DEV)
     pi = torch.zeros(16, dtype=torch.int64, device=DEV)
@@ -306,7 +319,6 @@ def test_the_direct_launch_with_a_host_row_can_be_captured():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = pg.launch(gi, pi, pv, True)
-    stamp = pg.stamp
     for seed in range(3):
         r = random.Random(seed)
         slots = r.sample(range(256), 32)
@@ -316,9 +328,8 @@ def test_the_direct_launch_with_a_host_row_can_be_captured():
         want = publish_gather_reference(pg.buf.cpu(), gi.cpu(), pi.cpu(), pv.cpu())
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out.cpu(), want.seq_lens)
-        lens, total = pg.read_row(stamp, 16)  # the captured stamp, rewritten each replay
-        assert torch.equal(lens, want.seq_lens) and total == int(want.seq_lens_sum)
+        assert torch.equal(out[:16].cpu(), want.seq_lens)
+        assert int(out[16]) == int(want.seq_lens_sum)
 
 
 def test_the_barrier_read_from_the_patched_scheduler_on_a_gpu_relay(tmp_path, monkeypatch):
@@ -380,7 +391,7 @@ def _profile_steps(step, steps=8):
 
 
 @pytest.mark.parametrize("needs_cpu", [True, False])
-def test_the_profiler_sees_one_kernel_per_step_and_no_pool_copy(needs_cpu):
+def test_the_profiler_sees_one_kernel_per_step_and_no_pool_copy(needs_cpu, monkeypatch):
     cfg = TraceConfig(pool=65536)
     idx = torch.randperm(cfg.pool - 1)[:64].add_(1)
     vals = torch.randint(1, 1000, (64,))
@@ -399,6 +410,13 @@ def test_the_profiler_sees_one_kernel_per_step_and_no_pool_copy(needs_cpu):
     upstream = _profile_steps(
         stepper(make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=needs_cpu))
     )
+    rows, real_row_to_host = [], StepLauncher.row_to_host
+
+    def row_to_host(pg, row):
+        rows.append(row.numel())
+        real_row_to_host(pg, row)
+
+    monkeypatch.setattr(StepLauncher, "row_to_host", row_to_host)
     sglang_patch.apply()
     try:
         ours = _profile_steps(
@@ -407,8 +425,10 @@ def test_the_profiler_sees_one_kernel_per_step_and_no_pool_copy(needs_cpu):
     finally:
         sglang_patch.remove()
     assert ours["kernels"] == 1, ours
-    assert ours["d2h"] == 0, ours  # lengths arrive zero-copy: never a pool-sized copy
-    assert ours["host_syncs"] == (1 if needs_cpu else 0), ours  # the launch's event only
+    # exact: one copy down of the row [*lens, sum] (65 values), never the 65,536-slot pool
+    assert ours["d2h"] == (1 if needs_cpu else 0), ours
+    assert set(rows) == ({65} if needs_cpu else set()), rows
+    assert ours["host_syncs"] == (1 if needs_cpu else 0), ours  # the private stream's event
     assert upstream["kernels"] > ours["kernels"], upstream
     if needs_cpu:
         assert upstream["d2h"] >= 1 and upstream["host_syncs"] >= 1, upstream
@@ -446,30 +466,31 @@ def test_the_gpu_only_path_never_syncs(patched, algo):
 
 
 def test_the_launchers_state_lives_where_cuda_needs_it():
-    """What a CPU cannot tell apart: the launcher's
-    sum on the buffer's device, the poison flag pinned (the host reads it zero-copy), the
-    empty result a real device pointer that aliases nothing."""
+    """What a CPU cannot tell apart: the launcher's sum, idle row and poison flag on the
+    buffer's device (the kernel touches device memory only), the empty result a real
+    device pointer that aliases nothing."""
     buf = torch.zeros((64,), dtype=torch.int64, device=DEV)
     pg = StepLauncher(buf, poison=True, validate=True)
-    assert pg.out_sum.device == buf.device
-    assert pg._flag.is_pinned() and pg._flag.device.type == "cpu"
+    assert pg.out_sum.device == pg._flag.device == pg._zero_row.device == buf.device
     assert pg.empty_out.device == buf.device and pg.empty_out.numel() == 0
     # (an empty CUDA tensor's data_ptr() is 0, seen on an H100: Triton's launcher takes it)
     assert pg.empty_out.data_ptr() != buf.data_ptr()
 
 
-def test_the_reference_rung_moves_staged_host_indices_to_the_device():
-    """Staged (pinned) gather indices reach the reference path on the buffer's device.
-    (The same copy made blocking would show only as the host waiting.)"""
-    buf = torch.arange(64, dtype=torch.int64, device=DEV) * 3
-    pg = StepLauncher(buf, backend="reference")
-    gi = pg.stage_host_indices(torch.tensor([5, 9, 2]))
-    assert gi.is_pinned()
-    pg.launch_checked(gi, None, None, False)  # the combination is now known
-    gi = pg.stage_host_indices(torch.tensor([7, 1]))
-    out = pg.launch(gi, None, None, False)
-    assert out.device == buf.device
-    assert out.cpu().tolist() == [21, 3]
+def test_the_reference_rung_serves_an_exact_step_from_the_uploaded_indices(patched):
+    """The torch reference on CUDA, through the whole exact step: the uploaded indices on
+    the device, the row down, the host lengths right."""
+    cfg = TraceConfig(pool=64)
+    fm = make_future_map("EAGLE", cfg, device=DEV)
+    fm.publish(torch.tensor([5, 9], device=DEV), torch.tensor([50, 90], device=DEV))
+    relay = relay_mod.relay_for(fm)
+    relay.launcher.backend = "reference"
+    for _ in range(2):  # checked, then the lean reference step
+        batch = decode_batch([9, 5], cfg, device=DEV)
+        fm.resolve_seq_lens_cpu(batch)
+        assert batch.seq_lens.device.type == "cuda" and batch.seq_lens.cpu().tolist() == [90, 50]
+        assert batch.seq_lens_cpu.tolist() == [90, 50] and batch.seq_lens_sum == 140
+        fm.publish(torch.tensor([5, 9], device=DEV), torch.tensor([50, 90], device=DEV))
 
 
 def test_debug_mode_checks_slot_values_on_cuda_too():
@@ -595,7 +616,7 @@ def test_without_matching_host_indices_sglangs_resolve_runs_the_step(needs_cpu):
         sglang_patch.remove()
 
 
-def test_confidential_computing_pins_nothing_and_serves_sglangs_exact_lengths(monkeypatch):
+def test_confidential_computing_pins_nothing_and_the_relay_serves_exact_lengths(monkeypatch):
     from sglang.srt.utils import common as sglang_common
 
     monkeypatch.setenv("SGLANG_FORCE_CONFIDENTIAL_COMPUTE", "1")
@@ -615,4 +636,37 @@ def test_confidential_computing_pins_nothing_and_serves_sglangs_exact_lengths(mo
         monkeypatch.delenv("SGLANG_FORCE_CONFIDENTIAL_COMPUTE")
         sglang_common.is_confidential_compute.cache_clear()
     assert got == want
-    assert not relay.pinned_ok and relay.launcher.ring is None
+    assert relay is not None and not relay.launcher.pinned and relay.launcher.launches > 0
+    assert not relay.launcher._row[0].is_pinned()
+
+
+def test_under_confidential_computing_the_canary_proves_the_compiled_kernel(monkeypatch):
+    """The kernel touches device memory only, so nothing the canary launches is host
+    memory Triton would refuse: the device is proven, not put on the reference."""
+    from sglang.srt.utils import common as sglang_common
+
+    monkeypatch.setenv("SGLANG_FORCE_CONFIDENTIAL_COMPUTE", "1")
+    sglang_common.is_confidential_compute.cache_clear()
+    backend_mod._verdicts.clear()
+    try:
+        verdict = canary_mod.canary(DEV)
+    finally:
+        monkeypatch.delenv("SGLANG_FORCE_CONFIDENTIAL_COMPUTE")
+        sglang_common.is_confidential_compute.cache_clear()
+    assert (verdict.backend, verdict.notes) == ("triton", []), verdict.describe()
+
+
+def test_without_the_override_an_exact_future_map_keeps_sglangs_relay(monkeypatch, patched):
+    """No GPU has measured the exact step level with SGLang's yet: SGLang's relay runs it,
+    and gives SGLang's lengths; a GPU-only FutureMap is relayed."""
+    monkeypatch.delenv("SPEC_FUSED_UNMEASURED")
+    cfg = TraceConfig(pool=64)
+    exact = make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=True)
+    exact.publish(torch.tensor([3], device=DEV), torch.tensor([30], device=DEV))
+    assert relay_mod.relay_for(exact) is None
+    batch = decode_batch([3], cfg, device=DEV)
+    exact.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens_cpu.tolist() == [30] and batch.seq_lens_sum == 30
+    gpu_only = make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=False)
+    gpu_only.publish(torch.tensor([3], device=DEV), torch.tensor([30], device=DEV))
+    assert relay_mod.relay_for(gpu_only) is not None

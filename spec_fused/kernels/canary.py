@@ -3,14 +3,14 @@
 Why: the CUDA path meets its GPU at a user's. While SGLang builds a speculative
 ``FutureMap`` (before the first request), every specialization the relay will launch runs
 once on scratch data on that rank's own device, through the launcher the relay will
-build (debug mode and pinned memory as it will use them; nothing pinned under
-Confidential Computing), first through Triton's normal launch, then through the per-step
-path (the direct launch where bound). Each result - lengths, sum, host row, the published
-buffer - is compared with the torch reference. A wrong or failing direct launch blocks it
-for the device (the normal launch serves); a wrong or failing kernel puts the device on
-the torch reference; one log line each. A sticky fault escapes naming spec_fused and
-``SPEC_FUSED_DISABLE=1`` (:mod:`spec_fused.faults`): a server on a dead context must not
-start. It compiles every specialization here, so none compiles while serving.
+build (debug mode as it will use it), first through Triton's normal launch, then through
+the per-step path (the direct launch where bound). Each result - lengths, the row's sum,
+the published buffer - is compared with the torch reference. The kernel touches device
+memory only, so Confidential Computing proves the same launches. A wrong or failing
+direct launch blocks it for the device (the normal launch serves); a wrong or failing
+kernel puts the device on the torch reference; one log line each. A sticky fault escapes
+naming spec_fused and ``SPEC_FUSED_DISABLE=1`` (:mod:`spec_fused.faults`): a server on a
+dead context must not start. It compiles every specialization here, so none compiles while serving.
 """
 
 from __future__ import annotations
@@ -31,14 +31,11 @@ __all__ = ["CASES", "CanaryMismatch", "canary"]
 
 logger = logging.getLogger("spec_fused")
 
-# (publish values dtype or None, gather from pinned host indices, host row, batch): every
-# combination the relay launches, and the publish-only launch that lands a pending publish.
+# (publish values dtype or None, a row [*lens, sum], batch): every combination the relay
+# launches, and the publish-only launch that lands a pending publish.
 CASES = [
-    (values, pinned, host, 4)
-    for values in (torch.int64, torch.int32, None)
-    for pinned in (False, True)
-    for host in (False, True)
-] + [(torch.int64, False, False, 0), (torch.int32, False, False, 0)]
+    (values, row, 4) for values in (torch.int64, torch.int32, None) for row in (False, True)
+] + [(torch.int64, False, 0), (torch.int32, False, 0)]
 
 
 class CanaryMismatch(AssertionError):
@@ -46,7 +43,7 @@ class CanaryMismatch(AssertionError):
 
 
 def _check(launcher: StepLauncher, mirror, case, seed: int, per_step: bool, sync) -> None:
-    values_dtype, pinned, host, n = case
+    values_dtype, row, n = case
     gen = torch.Generator().manual_seed(seed)
     slots = torch.randperm(launcher.buf.shape[0] - 1, generator=gen)[:6] + 1
     gather_cpu, publish_cpu = slots[:n], slots[2:]
@@ -54,24 +51,22 @@ def _check(launcher: StepLauncher, mirror, case, seed: int, per_step: bool, sync
     publish = (publish_cpu, values) if values_dtype else (None, None)
     want = kernel.publish_gather_reference(mirror, gather_cpu, *publish, poison=launcher.poison)
     device = launcher.buf.device
-    staged = pinned and launcher.pinned
-    gather = launcher.stage_host_indices(gather_cpu) if staged else gather_cpu.to(device)
     pi, pv = (publish_cpu.to(device), values.to(device)) if values_dtype else (None, None)
-    out = (launcher.launch if per_step else launcher.launch_checked)(gather, pi, pv, host)
+    launch = launcher.launch if per_step else launcher.launch_checked
+    out = launch(gather_cpu.to(device), pi, pv, row).cpu()
     sync()
     seen: dict = {
-        "lengths": (out.cpu().tolist(), want.seq_lens.tolist()),
+        "lengths": (out[:n].tolist(), want.seq_lens.tolist()),
         "published buffer": (launcher.buf.cpu().tolist(), mirror.tolist()),
     }
-    if host and n:
-        seen["sum"] = (int(launcher.out_sum), int(want.seq_lens_sum))
-        seen["host row"] = (launcher.read_row(launcher.stamp, n)[0].tolist(), seen["lengths"][1])
+    if row:
+        seen["sum"] = (int(out[n]), int(want.seq_lens_sum))
     for what, (got, expected) in seen.items():
         if got != expected:
             raise CanaryMismatch(f"{what} {got} != {expected} (case {case})")
 
 
-def canary(device, *, debug: bool = False, pinned: bool = True) -> Verdict:
+def canary(device, *, debug: bool = False) -> Verdict:
     """Prove the fused step on ``device`` and file the verdict the relay's launchers read
     (:func:`~spec_fused.kernels.backend.verdict_for`)."""
     device = torch.device(device)
@@ -88,7 +83,7 @@ def canary(device, *, debug: bool = False, pinned: bool = True) -> Verdict:
             stream: Any = torch.cuda.Stream(device, priority=-1) if on_cuda else None
             sync = stream.synchronize if on_cuda else (lambda: None)
             with torch.cuda.stream(stream) if on_cuda else contextlib.nullcontext():
-                _prove(verdict, device, debug, pinned, sync)
+                _prove(verdict, device, debug, sync)
     except Exception as exc:
         raise_if_sticky(exc, where, logger)
         verdict.backend, verdict.direct = "reference", False
@@ -101,12 +96,9 @@ def canary(device, *, debug: bool = False, pinned: bool = True) -> Verdict:
     return verdict
 
 
-def _prove(verdict: Verdict, device, debug: bool, pinned: bool, sync) -> None:
+def _prove(verdict: Verdict, device, debug: bool, sync) -> None:
     launcher = StepLauncher(
-        torch.zeros((64,), dtype=torch.int64, device=device),
-        poison=debug,
-        validate=debug,
-        pinned=pinned,
+        torch.zeros((64,), dtype=torch.int64, device=device), poison=debug, validate=debug
     )
     base = torch.arange(64, dtype=torch.int64) * 7
     mirror = base.clone()

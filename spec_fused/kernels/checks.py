@@ -18,7 +18,6 @@ __all__ = [
     "InputTypeError",
     "NO_ERROR",
     "PoisonedSlotError",
-    "StaleHostMirrorError",
     "raise_if_flagged",
     "validate",
 ]
@@ -50,17 +49,6 @@ class PoisonedSlotError(RuntimeError):
         self.slot = slot
 
 
-class StaleHostMirrorError(RuntimeError):
-    """The host mirror holds another launch's lengths than the one being read.
-
-    ``cause`` says which check tripped ("stale", "stale after waiting", "torn"): the
-    message carries step numbers, the cause does not, so logs can key on it."""
-
-    def __init__(self, message: str, cause: str):
-        super().__init__(message)
-        self.cause = cause
-
-
 def raise_if_flagged(flag: Optional[torch.Tensor]) -> None:
     if flag is None:
         return
@@ -81,9 +69,7 @@ def _check_1d(name, t):
         raise InputError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
 
 
-def validate(
-    buf, gather_indices, publish_indices, publish_values, out, out_sum, host_out, deep: bool
-):
+def validate(buf, gather_indices, publish_indices, publish_values, out, out_sum, deep: bool):
     """Raise before anything is written. ``deep`` adds the value checks (range, duplicate
     publish slots) that need the index values on the host: always done on CPU, where they
     are free; on a GPU they cost a sync, so only when asked (``validate``/``poison``)."""
@@ -98,11 +84,8 @@ def validate(
     _check_1d("gather_indices", gather_indices)
     if gather_indices.dtype not in INDEX_DTYPES:
         raise InputTypeError(f"gather_indices must be int32 or int64, got {gather_indices.dtype}")
-    if gather_indices.device != buf.device and not _zero_copy_ok(gather_indices, buf):
-        raise InputError(
-            f"gather_indices is on {gather_indices.device}, buf on {buf.device} (on CUDA, "
-            f"pinned host indices are read zero-copy)"
-        )
+    if gather_indices.device != buf.device:
+        raise InputError(f"gather_indices is on {gather_indices.device}, buf on {buf.device}")
     if (publish_indices is None) != (publish_values is None):
         raise InputError("publish_indices and publish_values must be given together")
     if publish_indices is not None:
@@ -147,20 +130,6 @@ def validate(
                 f"out_sum must be a 0-d or (1,) int64 tensor on {buf.device}, got "
                 f"{tuple(out_sum.shape)} {out_sum.dtype} on {out_sum.device}"
             )
-    if host_out is not None:
-        _check_1d("host_out", host_out)
-        if (
-            host_out.shape[0] != n + 1
-            or host_out.dtype != torch.int64
-            or host_out.device.type != "cpu"
-            or not host_out.is_contiguous()
-        ):
-            raise InputError(
-                f"host_out must be a contiguous ({n + 1},) int64 CPU tensor (lens then sum), "
-                f"got {tuple(host_out.shape)} {host_out.dtype} on {host_out.device}"
-            )
-        if buf.device.type == "cuda" and not host_out.is_pinned():
-            raise InputError("host_out must be pinned memory when buf is on CUDA")
     if deep:
         pool = buf.shape[0]
         _check_range("gather_indices", gather_indices, pool)
@@ -170,11 +139,6 @@ def validate(
                 vals, counts = torch.unique(publish_indices, return_counts=True)
                 dup = int(vals[counts > 1][0])
                 raise InputError(f"publish_indices has duplicate slot {dup}")
-
-
-def _zero_copy_ok(t: torch.Tensor, buf: torch.Tensor) -> bool:
-    """A pinned host tensor the kernel can read over the bus, beside a CUDA buffer."""
-    return buf.device.type == "cuda" and t.device.type == "cpu" and t.is_pinned()
 
 
 def _check_range(name, idx, pool):

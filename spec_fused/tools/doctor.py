@@ -79,17 +79,16 @@ def plugin_checks() -> list[tuple[str, bool, str]]:
 
 
 def relay_summary(device) -> str:
-    """Who serves the relay on ``device``, and, under Confidential Computing (SGLang's own
-    check), where exact host lengths come from."""
-    import torch
-
+    """Who serves the relay on ``device``: the fused relay, or SGLang's own where the
+    device is not one the relay runs on or no GPU run measured a step level with SGLang's
+    (``spec_fused/measured.py``: exact host lengths on CUDA today)."""
     from spec_fused.cuda_ops import unsupported_device
-    from spec_fused.upstream import confidential_compute
+    from spec_fused.measured import handed_to_sglang
 
     if (why := unsupported_device(device)) is not None:
         return f"SGLang's own: {why}"
-    if torch.device(device).type == "cuda" and confidential_compute():
-        return "fused relay; exact host lengths from SGLang's resolve (Confidential Computing)"
+    if (why := handed_to_sglang(device, exact=True)) is not None:
+        return f"fused relay where no backend reads host lengths; where one does, SGLang's: {why}"
     return "fused relay"
 
 
@@ -101,13 +100,13 @@ def devices() -> dict:
     from spec_fused.cuda_ops import unsupported_device
     from spec_fused.kernels.backend import explain_relay_backend, verdict_for
     from spec_fused.kernels.canary import canary
-    from spec_fused.upstream import confidential_compute, debug_enabled
+    from spec_fused.upstream import debug_enabled
 
     out = {}
     for name in ["cpu", *(f"cuda:{i}" for i in range(torch.cuda.device_count()))]:
         backend, why = explain_relay_backend(name)
         if unsupported_device(name) is None and name.startswith("cuda"):
-            canary(name, debug=debug_enabled(), pinned=not confidential_compute())
+            canary(name, debug=debug_enabled())
         verdict = verdict_for(name)
         out[name] = {
             "backend": backend,

@@ -56,9 +56,9 @@ def _integer(t):
     return not t.dtype.is_floating_point and t.dtype != torch.bool
 
 
-def oracle(buf, gather, pub, val, host):
+def oracle(buf, gather, pub, val):
     """``("error", {classes of the rules broken})`` per the documented argument rules,
-    else ``("ok", (buffer after, lengths, sum, host row))`` from plain torch indexing."""
+    else ``("ok", (buffer after, lengths, sum))`` from plain torch indexing."""
     broken = set()
     if buf.dtype != torch.int64:
         broken.add(TypeError)
@@ -94,7 +94,7 @@ def oracle(buf, gather, pub, val, host):
         after[pub.long()] = val.to(torch.int64)
     lens = after[gather.long()]
     total = int(lens.sum())
-    return "ok", (after.tolist(), lens.tolist(), total, lens.tolist() + [total] if host else None)
+    return "ok", (after.tolist(), lens.tolist(), total)
 
 
 @settings(max_examples=200)
@@ -103,33 +103,21 @@ def oracle(buf, gather, pub, val, host):
     gather=any_tensor(),
     pub=st.none() | any_tensor(),
     val=st.none() | any_tensor(hi=10**4),
-    host=st.booleans(),
 )
-def test_public_api_fuzz(buf, gather, pub, val, host):
-    host_out = None
-    if host and gather.dim() == 1:
-        host_out = torch.full((gather.shape[0] + 1,), -7, dtype=torch.int64)
-    want = oracle(buf, gather, pub, val, host_out is not None)
+def test_public_api_fuzz(buf, gather, pub, val):
+    want = oracle(buf, gather, pub, val)
     for fn in (publish_gather, publish_gather_reference):
         b = torch.empty_strided(buf.shape, buf.stride(), dtype=buf.dtype)  # strides kept
         b.copy_(buf)
-        h = None if host_out is None else host_out.clone()
         try:
-            res = fn(b, gather, pub, val, host_out=h)
+            res = fn(b, gather, pub, val)
         except (TypeError, ValueError) as exc:
             assert want[0] == "error" and isinstance(exc, tuple(want[1])), (fn.__name__, exc, want)
             assert str(exc)
             assert torch.equal(b, buf), "written before the error"
-            if h is not None:
-                assert torch.equal(h, host_out), "host_out written before the error"
             continue
         assert want[0] == "ok", (fn.__name__, want)
-        got = (
-            b.tolist(),
-            res.seq_lens.tolist(),
-            int(res.seq_lens_sum),
-            None if h is None else h.tolist(),
-        )
+        got = (b.tolist(), res.seq_lens.tolist(), int(res.seq_lens_sum))
         assert got == want[1], fn.__name__
 
 
@@ -195,8 +183,9 @@ def test_patched_future_map_op_sequence_fuzz(ops, algo, needs_cpu):
 
 @given(st.lists(st.integers(0, 63), max_size=64), st.integers(1, 64), st.integers(0, 10**6))
 def test_stateful_launcher_host_rows_fuzz(slots, max_batch, seed):
-    """The per-step launcher's host row against plain torch indexing, or the max_batch
-    refusal (with nothing written)."""
+    """The per-step launcher's row ``[*lens, sum]``, brought to the host, against plain
+    torch indexing, whatever the batch against ``max_batch`` (it only sizes the host
+    buffers)."""
     buf = torch.arange(64, dtype=torch.int64) * 3
     r = random.Random(seed)
     pub = r.sample(range(64), r.randint(0, 5))
@@ -205,14 +194,8 @@ def test_stateful_launcher_host_rows_fuzz(slots, max_batch, seed):
     want[torch.tensor(pub, dtype=torch.int64)] = torch.tensor(vals, dtype=torch.int64)
     pg = StepLauncher(buf, max_batch=max_batch)
     gi = torch.tensor(slots, dtype=torch.int64)
-    try:
-        pg.launch_checked(
-            gi, torch.tensor(pub, dtype=torch.int64), torch.tensor(vals, dtype=torch.int32), True
-        )
-    except ValueError as exc:
-        assert len(slots) > max_batch and "max_batch" in str(exc)
-        assert torch.equal(buf, torch.arange(64, dtype=torch.int64) * 3)
-        return
-    lens, total = pg.read_row(pg.stamp, len(slots))
+    pi, pv = torch.tensor(pub, dtype=torch.int64), torch.tensor(vals, dtype=torch.int32)
+    pg.row_to_host(pg.launch_checked(gi, pi, pv, True))
+    lens, total = pg.host_lengths(len(slots))
     assert lens.tolist() == want[gi].tolist() and total == int(want[gi].sum())
     assert torch.equal(buf, want)

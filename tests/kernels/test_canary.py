@@ -15,7 +15,6 @@ from spec_fused import relay as relay_mod
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import canary as canary_mod
 from spec_fused.kernels import publish_gather as kernel
-from spec_fused.kernels.host_ring import HostRing
 from spec_fused.kernels.step_launcher import StepLauncher
 from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace
 
@@ -117,21 +116,6 @@ def test_the_reference_needs_no_canary(monkeypatch):
     assert verdict.backend == "reference" and verdict.cases == 0 and not verdict.notes
 
 
-def test_a_wrong_host_row_is_caught(monkeypatch):
-    """The kernel's host-mirror store is checked too, not only the lengths."""
-
-    def wrong_row(a):
-        if a.host_out is not None and a.gather_indices.numel():
-            a.host_out[0] += 5
-
-    _wrong_kernel(monkeypatch, wrong_row)
-    verdict = canary_mod.canary("cpu")
-    assert verdict.backend == "reference"
-    assert verdict.notes[-1].startswith(
-        "the fused kernel failed the canary (CanaryMismatch: host row ["
-    )
-
-
 def test_a_canary_that_cannot_set_up_proves_nothing_and_the_reference_serves(monkeypatch, caplog):
     """Nothing checked is nothing proven: never a verdict of "direct launch" by default."""
 
@@ -209,8 +193,8 @@ def test_the_verdict_says_what_proving_cost():
 
 
 class _Recording(StepLauncher):
-    """The launcher the canary builds, recording each launch: ``(gather dtype, gathered
-    from the staged host indices, publish values dtype or None, host row, batch)``."""
+    """The launcher the canary builds, recording each launch: ``(gather dtype, publish
+    values dtype or None, row)``."""
 
     def __init__(self, buf, **options):
         super().__init__(buf, **options)
@@ -218,75 +202,46 @@ class _Recording(StepLauncher):
         real_checked, real_launch = self.launch_checked, self.launch
 
         def record(real):
-            def launch(gi, pi, pv, host):
-                staged = gi is self.staged and self.staged is not None
-                self.seen.append((gi.dtype, staged, None if pv is None else pv.dtype, host))
-                return real(gi, pi, pv, host)
+            def launch(gi, pi, pv, row):
+                self.seen.append((gi.dtype, None if pv is None else pv.dtype, row))
+                return real(gi, pi, pv, row)
 
             return launch
 
         self.launch_checked, self.launch = record(real_checked), record(real_launch)
 
 
-class _PinnedOnCpu(_Recording):
-    """Pinned, as a CUDA launcher is, once made: its host buffers are made up front (a CPU
-    torch cannot pin them)."""
-
-    _pretend = False
-
-    @property
-    def pinned(self) -> bool:
-        return self._pretend
-
-    def __init__(self, buf, **options):
-        super().__init__(buf, **options)
-        self._staging = torch.empty(64, dtype=torch.int64)
-        self.ring = HostRing(self.max_batch, pinned=False)
-        self._rows = self.ring.rows
-        self._pretend = True
-
-
-def _expected_launches(pinned_launcher: bool) -> list:
-    """Each case of CASES, checked then per step, as it names it (never a DP-idle gather)."""
-    return [
-        (torch.int64, pinned and pinned_launcher, values, host)
-        for values, pinned, host, _ in canary_mod.CASES
-        for _ in range(2)
-    ]
-
-
 @pytest.mark.parametrize("debug", [False, True])
-@pytest.mark.parametrize("launcher_cls", [_Recording, _PinnedOnCpu])
 def test_the_canary_launches_every_case_as_named_on_the_launcher_the_relay_builds(
-    monkeypatch, launcher_cls, debug
+    monkeypatch, debug
 ):
-    """Debug mode and pinning as the relay will use them; the values' dtype of each case;
-    the host indices staged exactly for the pinned cases of a launcher that pins."""
+    """Debug mode as the relay will use it; each case's values dtype and row, first
+    checked, then per step."""
     made = []
 
     def make(buf, **options):
-        made.append((buf.device, options, launcher_cls(buf, **options)))
+        made.append((buf.device, options, _Recording(buf, **options)))
         return made[-1][2]
 
     _launchers(monkeypatch, make)
-    pinned = launcher_cls is _Recording  # the CPU stand-in of a pinned one is built unpinned
-    verdict = canary_mod.canary("cpu", debug=debug, pinned=pinned)
+    verdict = canary_mod.canary("cpu", debug=debug)
     assert (verdict.backend, verdict.notes) == ("interpreter", [])
     ((device, options, launcher),) = made
     assert device == torch.device("cpu")
-    assert options == {"poison": debug, "validate": debug, "pinned": pinned}
-    assert launcher.seen == _expected_launches(launcher_cls is _PinnedOnCpu)
-
-
-def test_a_launcher_built_with_the_default_pinning_pins(monkeypatch):
-    made = []
-    _launchers(monkeypatch, lambda buf, **kw: made.append(kw) or StepLauncher(buf, **kw))
-    canary_mod.canary("cpu")
-    assert made == [{"poison": False, "validate": False, "pinned": True}]
+    assert options == {"poison": debug, "validate": debug}
+    assert launcher.seen == [
+        (torch.int64, values, row) for values, row, _ in canary_mod.CASES for _ in range(2)
+    ]
 
 
 def test_a_wrong_sum_is_caught(monkeypatch):
-    _wrong_kernel(monkeypatch, lambda a: a.out_sum.add_(1))
+    """The row's sum, the one value the host reads that is not a length."""
+
+    def wrong_sum(a):
+        if a.row:
+            a.out[a.gather_indices.shape[0]] += 1
+
+    _wrong_kernel(monkeypatch, wrong_sum)
     verdict = canary_mod.canary("cpu")
     assert verdict.backend == "reference"
     assert verdict.notes[-1].startswith("the fused kernel failed the canary (CanaryMismatch: sum ")
@@ -303,31 +258,23 @@ def test_a_wrong_kernel_is_blamed_on_the_kernel_where_the_direct_launch_is_bound
 
 def test_a_sticky_fault_surfacing_after_a_direct_launch_escapes_naming_the_canary(monkeypatch):
     """On CUDA a direct launch's fault surfaces at the next call that waits for it: here
-    the host row's read after a per-step launch. It escapes; nothing steps down."""
+    the copy of its result to the host. It escapes; nothing steps down."""
     compiled = FakeCompiled()
+
+    class Faulting(torch.Tensor):
+        def cpu(self, *args, **kwargs):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     def faulting(buf, **options):
         launcher = bound_launcher(buf, compiled, **options)
-        real_launch, real_read, direct, fault = launcher.launch, launcher.read_row, [False], [1]
-        real_checked = launcher.launch_checked
+        real_launch = launcher.launch
 
         def launch(*args):
             before = launcher.direct_launches
             out = real_launch(*args)
-            direct[0] = launcher.direct_launches > before
-            return out
+            return out.as_subclass(Faulting) if launcher.direct_launches > before else out
 
-        def launch_checked(*args):
-            direct[0] = False
-            return real_checked(*args)
-
-        def read_row(stamp, n, wait=None):
-            if direct[0] and fault and fault.pop():  # surfaces once, after a direct launch
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-            return real_read(stamp, n, wait)
-
-        launcher.launch, launcher.launch_checked = launch, launch_checked
-        launcher.read_row = read_row
+        launcher.launch = launch
         return launcher
 
     _launchers(monkeypatch, faulting)
@@ -362,7 +309,7 @@ def test_the_verdict_says_direct_only_if_every_per_step_launch_went_direct(monke
 
 def test_on_cuda_the_canary_runs_on_its_own_high_priority_stream_on_that_device(monkeypatch):
     """Under the device, on a fresh priority -1 stream made current, and each check waits
-    for that stream only; debug mode and pinning handed on as asked."""
+    for that stream only; debug mode handed on as asked."""
     events = []
 
     class Device:
@@ -392,8 +339,8 @@ def test_on_cuda_the_canary_runs_on_its_own_high_priority_stream_on_that_device(
         def __exit__(self, *exc):
             events.append(("current exit",))
 
-    def prove(verdict, device, debug, pinned, sync):
-        events.append(("prove", str(device), debug, pinned))
+    def prove(verdict, device, debug, sync):
+        events.append(("prove", str(device), debug))
         sync()
 
     monkeypatch.setattr(canary_mod, "backend_for", lambda device: "triton")
@@ -401,13 +348,13 @@ def test_on_cuda_the_canary_runs_on_its_own_high_priority_stream_on_that_device(
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "stream", Current)
     monkeypatch.setattr(canary_mod, "_prove", prove)
-    verdict = canary_mod.canary("cuda:1", debug=True, pinned=False)
+    verdict = canary_mod.canary("cuda:1", debug=True)
     assert (verdict.device, verdict.backend, verdict.notes) == ("cuda:1", "triton", [])
     assert events == [
         ("device", "cuda:1"),
         ("stream", "cuda:1", -1),
         ("current", "Stream"),
-        ("prove", "cuda:1", True, False),
+        ("prove", "cuda:1", True),
         ("synchronize",),
         ("current exit",),
         ("device exit",),

@@ -158,24 +158,6 @@ BAD_INPUTS = [
         ValueError,
         "out_sum must be",
     ),
-    (
-        "host_out wrong length",
-        lambda b: (b, (idx(1, 2),), {"host_out": torch.empty(2, dtype=I64)}),
-        ValueError,
-        "host_out must be a contiguous (3,)",
-    ),
-    (
-        "host_out wrong dtype",
-        lambda b: (b, (idx(1),), {"host_out": torch.empty(2, dtype=I32)}),
-        ValueError,
-        "host_out",
-    ),
-    (
-        "host_out on a device",
-        lambda b: (b, (idx(1),), {"host_out": torch.empty(2, dtype=I64, device="meta")}),
-        ValueError,
-        "host_out",
-    ),
 ]
 
 
@@ -198,11 +180,9 @@ def test_bad_input_is_refused_before_anything_is_written(
     assert kernel_launches.count == 0
 
 
-def test_stateful_launcher_refuses_bad_input_and_oversize_batches(kernel_launches):
+def test_stateful_launcher_refuses_bad_input(kernel_launches):
     buf = _buf()
     pg = StepLauncher(buf, max_batch=4)
-    with pytest.raises(ValueError, match="more than max_batch=4"):
-        pg.launch_checked(idx(1, 2, 3, 4, 5), None, None, True)
     with pytest.raises(ValueError, match="publish_indices has duplicate slot 2"):
         pg.launch_checked(idx(1), idx(2, 2), idx(1, 1), False)
     with pytest.raises(TypeError, match="buf must be int64"):

@@ -38,7 +38,7 @@ def test_compile_sees_one_fused_op_and_no_scatter_or_gather():
     ref = buf.clone()
 
     def step(buf, gi, pi, pv, out, out_sum):
-        OP(buf, gi, pi, pv, out, out_sum, None, None, False)
+        OP(buf, gi, pi, pv, out, out_sum, None, False)
         return out * 2, out_sum + 1
 
     out, out_sum = torch.empty(9, dtype=torch.int64), torch.empty((), dtype=torch.int64)

@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from spec_fused.kernels.backend import backend_for
 from spec_fused.kernels.checks import PoisonedSlotError
-from spec_fused.kernels.publish_gather import publish_gather, publish_gather_reference
+from spec_fused.kernels.publish_gather import (
+    Args,
+    launch_reference,
+    launch_triton,
+    publish_gather,
+    publish_gather_reference,
+)
 
 INDEX_DTYPES = st.sampled_from([torch.int32, torch.int64])
 VALUE_DTYPES = st.sampled_from([torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
@@ -80,19 +86,35 @@ def test_matches_reference(kernel_launches, case):
 
 
 @given(relay_case(max_pool=4096, max_batch=1500), st.booleans())
-def test_preallocated_outputs_and_host_out(kernel_launches, case, one_d_sum):
+def test_preallocated_outputs(kernel_launches, case, one_d_sum):
     kernel_launches.reset()
     n = case["gather"].numel()
     out = torch.full((n,), -7, dtype=torch.int64)
     out_sum = torch.full((1,) if one_d_sum else (), -7, dtype=torch.int64)
-    host = torch.full((n + 1,), -7, dtype=torch.int64)
-    buf_k, buf_r, got, want = _both(case, out=out, out_sum=out_sum, host_out=host)
+    buf_k, buf_r, got, want = _both(case, out=out, out_sum=out_sum)
     assert got.seq_lens.data_ptr() == out.data_ptr()
     assert torch.equal(out, want.seq_lens)
     assert int(out_sum.reshape(())) == int(want.seq_lens_sum)
-    assert torch.equal(host[:n], want.seq_lens) and int(host[n]) == int(want.seq_lens_sum)
     assert torch.equal(buf_k, buf_r)
     assert kernel_launches.count == _launches_expected(case)
+
+
+@given(relay_case(max_pool=4096, max_batch=1500))
+def test_a_row_holds_the_lengths_then_their_sum_and_leaves_out_sum_alone(case):
+    """The row ``[*lens, sum]`` one copy brings to the host: kernel and reference alike."""
+    n = case["gather"].numel()
+    pub = (case["pub"], case["val"]) if case["with_publish"] and case["pub"].numel() else None
+    rows = []
+    for launch in (launch_triton, launch_reference):
+        buf, out = case["buf"].clone(), torch.full((n + 1,), -7, dtype=torch.int64)
+        out_sum = torch.full((), -7, dtype=torch.int64)
+        launch(Args(buf, case["gather"], *(pub or (None, None)), out, out_sum, row=True))
+        assert int(out_sum) == -7
+        rows.append((buf, out))
+    (buf_k, row_k), (buf_r, row_r) = rows
+    assert torch.equal(buf_k, buf_r) and torch.equal(row_k, row_r)
+    assert row_r[:n].tolist() == buf_r[case["gather"].long()].tolist()
+    assert int(row_r[n]) == int(buf_r[case["gather"].long()].sum())
 
 
 @given(relay_case(max_pool=2048, max_batch=1200))
@@ -125,9 +147,8 @@ def test_publish_happens_before_gather_for_the_same_slot(kernel_launches):
 
 def test_empty_batch_launches_nothing(kernel_launches):
     buf = torch.arange(4, dtype=torch.int64)
-    host = torch.full((1,), 9, dtype=torch.int64)
-    res = publish_gather(buf, torch.empty(0, dtype=torch.int64), host_out=host)
-    assert res.seq_lens.numel() == 0 and int(res.seq_lens_sum) == 0 and int(host[0]) == 0
+    res = publish_gather(buf, torch.empty(0, dtype=torch.int64))
+    assert res.seq_lens.numel() == 0 and int(res.seq_lens_sum) == 0
     assert kernel_launches.count == 0
     res = publish_gather(
         buf, torch.empty(0, dtype=torch.int32), torch.tensor([1]), torch.tensor([9])

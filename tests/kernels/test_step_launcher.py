@@ -1,6 +1,6 @@
-"""The per-step launcher (``StepLauncher``): host reads, one full check then the per-step
-path, DP-idle steps, the null backend, staged host indices, binding the direct launch,
-and what it binds on CUDA.
+"""The per-step launcher (``StepLauncher``): one full check then the per-step path, rows
+``[*lens, sum]``, DP-idle steps, the null backend, the exact step's host copies (staged
+indices up, the row down), binding the direct launch, and what it binds on CUDA.
 
 Expected lengths come from ``publish_gather_reference`` on a copy of the buffer (the
 plain-torch definition of the step: scatter, then gather) or from literals; the launch
@@ -13,7 +13,7 @@ from support.fake_triton import FakeCompiled, bound_launcher, cpu_direct
 
 from spec_fused.kernels import backend as backend_mod
 from spec_fused.kernels import checks, publish_gather, step_launcher
-from spec_fused.kernels.checks import InputError, StaleHostMirrorError
+from spec_fused.kernels.checks import InputError
 from spec_fused.kernels.publish_gather import publish_gather_reference
 from spec_fused.kernels.step_launcher import StepLauncher
 
@@ -39,56 +39,26 @@ def _buf(pool=16):
     return torch.arange(100, 100 + pool, dtype=torch.int64)
 
 
-# ----------------------------------------------------------------------------- host reads
-
-
-def test_a_release_launcher_waits_once_for_a_row_not_yet_stamped():
-    pg = StepLauncher(_buf(), backend="reference")
-    pg.launch_checked(torch.tensor([1, 2]), None, None, True)
-    stamp = pg.stamp
-    pg.ring.np[stamp & 1, -1] = -5  # as a launch not yet complete would leave it
-    waits = []
-
-    def wait():
-        waits.append(1)
-        pg.ring.np[stamp & 1, -1] = stamp
-
-    lens, total = pg.read_row(stamp, 2, wait)
-    assert (lens.tolist(), total, waits) == ([101, 102], 203, [1])
-
-
-@pytest.mark.parametrize("debug", [True, False])
-def test_a_debug_launcher_never_waits_again(debug):
-    pg = StepLauncher(_buf(), backend="reference", validate=debug)
-    pg.launch_checked(torch.tensor([1, 2]), None, None, True)
-    pg.ring.np[pg.stamp & 1, -1] = -5
-    waits = []
-    with pytest.raises(StaleHostMirrorError) as info:
-        pg.read_row(pg.stamp, 2, lambda: waits.append(1))
-    assert (info.value.cause, waits) == (("stale", []) if debug else ("stale after waiting", [1]))
-
-
 # ----------------------------------------------------------------------------- one check
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("host", [False, True])
-def test_one_full_check_then_none_whatever_the_batch_size(validations, backend, host):
-    """``max_batch`` bounds host rows only; a full batch (``n == max_batch``) takes the
-    per-step path like any other, and without a host row ``n`` may exceed it."""
+@pytest.mark.parametrize("row", [False, True])
+def test_one_full_check_then_none_whatever_the_batch_size(validations, backend, row):
+    """``max_batch`` only sizes the host buffers: any batch takes the per-step path once
+    its combination was checked, a row ``[*lens, sum]`` or not."""
     buf = _buf(32)
     ref = buf.clone()
     pg = StepLauncher(buf, max_batch=4, backend=backend)
-    sizes = [4, 4, 2, 4] if host else [4, 9, 2, 12]
+    sizes = [4, 9, 2, 12]
     for step, n in enumerate(sizes):
         gi = torch.arange(n) * 2
         pi, pv = torch.tensor([step]), torch.tensor([500 + step])
         want = publish_gather_reference(ref, gi, pi, pv)
-        out = pg.launch(gi, pi, pv, host)
-        assert out.tolist() == want.seq_lens.tolist()
-        if host:
-            lens, total = pg.read_row(pg.stamp, n)
-            assert (lens.tolist(), total) == (want.seq_lens.tolist(), int(want.seq_lens_sum))
+        out = pg.launch(gi, pi, pv, row)
+        assert out[:n].tolist() == want.seq_lens.tolist() and out.shape[0] == n + row
+        if row:
+            assert int(out[n]) == int(want.seq_lens_sum)
     # the buffer's check when the launcher was made, then one full check of the inputs
     assert validations[id(buf)] == 2 and pg.launches == len(sizes)
 
@@ -158,64 +128,97 @@ def test_a_publish_off_the_buffers_device_takes_the_full_check(backend, which):
 
 
 @pytest.mark.parametrize("backend", BACKENDS + ["null"])
-def test_a_dp_idle_step_launches_nothing_and_reads_back_empty(backend):
+@pytest.mark.parametrize("row", [False, True])
+def test_a_dp_idle_step_launches_nothing_and_its_row_says_no_lengths(backend, row):
     pg = StepLauncher(_buf(), backend=backend)
     empty = torch.empty(0, dtype=torch.int64)
     for launch in (pg.launch_checked, pg.launch):
-        out = launch(empty, None, None, True)
-        assert out.dtype == torch.int64 and out.tolist() == []
+        out = launch(empty, None, None, row)
+        assert out.dtype == torch.int64 and out.tolist() == ([0] if row else [])
         assert pg.launches == 0
-        lens, total = pg.read_row(pg.stamp, 0)
-        assert (lens.tolist(), total) == ([], 0)
-    # and in the steady state (the host combination already launched once); the
-    # reference's per-step path makes its (empty) torch ops all the same
-    pg.launch(torch.tensor([1, 2]), None, None, True)
+    # and in the steady state (the combination already launched once)
+    pg.launch(torch.tensor([1, 2]), None, None, row)
     launches = pg.launches
-    out = pg.launch(empty, None, None, True)
-    assert out.tolist() == [] and pg.read_row(pg.stamp, 0)[1] == 0
-    if backend != "reference":
-        assert pg.launches == launches
+    assert pg.launch(empty, None, None, row).tolist() == ([0] if row else [])
+    assert pg.launches == launches
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_each_launch_counts_once_and_has_its_own_stamp(backend):
+def test_each_launch_counts_once(backend):
     pg = StepLauncher(_buf(), backend=backend)
-    stamps = []
     for step in range(4):
-        pg.launch(torch.tensor([step]), None, None, True)
-        stamps.append(pg.stamp)
-        assert pg.launches == step + 1
-    assert stamps == [0, 1, 2, 3]
+        pg.launch(torch.tensor([step]), None, None, step % 2 == 0)
+        assert pg.launches == step + 1 and pg.step == step + 1
 
 
 # ----------------------------------------------------------------------------- null backend
 
 
-def test_the_null_backend_does_no_device_work_but_keeps_the_rows_stamps():
+def test_the_null_backend_does_no_device_work():
     buf = _buf()
     before = buf.clone()
     pg = StepLauncher(buf, backend="null")
     pg.launch_checked(torch.tensor([1]), torch.tensor([1]), torch.tensor([7]), True)
-    first = pg.stamp
     pg.launch(torch.tensor([2]), None, None, False)
-    pg.launch(torch.tensor([3]), None, None, False)
-    assert torch.equal(buf, before) and pg.launches == 0
-    pg.read_row(first, 1)  # still launch ``first``'s row: the later launches had no host row
+    pg.launch(torch.tensor([3]), None, None, True)
+    assert torch.equal(buf, before) and pg.launches == 0 and pg.step == 3
 
 
-# ----------------------------------------------------------------------------- staging
+# ----------------------------------------------------------------------------- host copies
 
 
 def test_staged_host_indices_are_an_int64_copy_the_launch_gathers_through():
     buf = _buf()
     pg = StepLauncher(buf, max_batch=4, backend="interpreter")
     host = torch.tensor([5, 1, 2], dtype=torch.int32)
-    view = pg.stage_host_indices(host)
-    assert view is pg.staged and view.dtype == torch.int64 and view.tolist() == [5, 1, 2]
+    view = pg.stage_host_indices(host, torch.tensor([5, 1, 2]))
+    assert view.dtype == torch.int64 and view.tolist() == [5, 1, 2]
     host[0] = 9  # the staged copy is the launcher's own
-    assert pg.launch(view, None, None, True).tolist() == [105, 101, 102]
-    longer = pg.stage_host_indices(torch.arange(7))  # more than max_batch: a bigger buffer
-    assert longer.tolist() == list(range(7)) and pg.staged is longer
+    gi = pg.upload_host_indices(view)
+    assert gi is view  # on the host the staged copy is on the buffer's device already
+    assert pg.launch(gi, None, None, True).tolist() == [105, 101, 102, 308]
+    longer = pg.stage_host_indices(torch.arange(7), torch.arange(7))  # a bigger buffer
+    assert longer.tolist() == list(range(7))
+
+
+@pytest.mark.parametrize(
+    "host, like",
+    [
+        (None, torch.tensor([1])),
+        ([1], torch.tensor([1])),
+        (torch.tensor([1.0]), torch.tensor([1])),
+        (torch.tensor([1, 2]), torch.tensor([1])),
+        (torch.tensor([1], device="meta"), torch.tensor([1])),
+    ],
+    ids=["none", "a list", "floats", "another shape", "not on the host"],
+)
+def test_host_indices_that_are_not_the_batchs_are_not_staged(host, like):
+    """The relay then hands the step to SGLang: nothing is staged or launched."""
+    pg = StepLauncher(_buf(), backend="interpreter")
+    assert pg.stage_host_indices(host, like) is None and pg._staging is None
+
+
+def test_in_debug_mode_host_indices_unlike_future_indices_are_refused():
+    """SGLang's FIXME says ``req_pool_indices_cpu`` equals ``future_indices``; debug mode
+    holds it to that before anything is launched."""
+    pg = StepLauncher(_buf(), backend="interpreter", validate=True)
+    with pytest.raises(AssertionError, match="req_pool_indices_cpu differs from future_indices"):
+        pg.stage_host_indices(torch.tensor([1, 2]), torch.tensor([1, 3]))
+    assert pg.stage_host_indices(torch.tensor([1, 2]), torch.tensor([1, 2])).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_row_copied_to_the_host_reads_back_as_lengths_and_their_sum(backend):
+    """What the host gets of an exact step: a copy of the lengths (the host row is reused
+    by the next step) and the sum, growing the host row for a batch beyond ``max_batch``."""
+    buf = _buf(32)
+    pg = StepLauncher(buf, max_batch=2, backend=backend)
+    for gi in (torch.tensor([1, 2]), torch.tensor([3, 4, 5, 6])):
+        pg.row_to_host(pg.launch(gi, None, None, True))
+        lens, total = pg.host_lengths(gi.shape[0])
+        assert lens.tolist() == (gi + 100).tolist() and total == int((gi + 100).sum())
+        pg.row_to_host(torch.zeros(gi.shape[0] + 1, dtype=torch.int64))
+        assert lens.tolist() == (gi + 100).tolist()  # a copy: the next row leaves it alone
 
 
 # ----------------------------------------------------------------------------- binding
@@ -226,18 +229,17 @@ def test_binding_a_compiled_kernel_takes_every_parameter():
     assert fast.bind(FakeCompiled()) is not None and fast.blocked is None
 
 
-def test_the_bound_launch_writes_the_stamp_at_the_rows_end():
+def test_the_bound_launch_writes_the_sum_at_the_rows_end():
     buf = _buf()
     ref = buf.clone()
-    pg = bound_launcher(buf, FakeCompiled())
+    compiled = FakeCompiled()
+    pg = bound_launcher(buf, compiled)
     for step in range(3):
         gi = torch.tensor([step, 4])
         want = publish_gather_reference(ref, gi)
-        pg.launch(gi, None, None, True)
-        row = pg.ring.rows[pg.stamp % 2]
-        assert int(row[-1]) == pg.stamp and row[:3].tolist() == want.seq_lens.tolist() + [
-            int(want.seq_lens_sum)
-        ]
+        row = pg.launch(gi, None, None, True)
+        assert row.tolist() == want.seq_lens.tolist() + [int(want.seq_lens_sum)]
+    assert len(compiled.calls) == 2
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -249,9 +251,10 @@ def test_sums_beyond_float_precision_are_exact(backend):
     want = publish_gather_reference(ref, gi)
     for launch in (pg.launch_checked, pg.launch):
         out = launch(gi, None, None, True)
-        lens, total = pg.read_row(pg.stamp, 3)
-        assert out.tolist() == lens.tolist() == want.seq_lens.tolist()
-        assert total == int(want.seq_lens_sum) == 2**40 + 2**41 + 9
+        pg.row_to_host(out)
+        lens, total = pg.host_lengths(3)
+        assert out[:3].tolist() == lens.tolist() == want.seq_lens.tolist()
+        assert total == int(out[3]) == int(want.seq_lens_sum) == 2**40 + 2**41 + 9
 
 
 # ----------------------------------------------------------------------------- CUDA binding
@@ -302,33 +305,15 @@ def test_compiled_triton_binds_a_direct_launch_unless_the_canary_disproved_it(
     assert pg._direct is None
 
 
-def test_the_host_ring_is_pinned_exactly_on_cuda(monkeypatch):
-    from spec_fused.kernels import step_launcher as mod
-
-    pinned = []
-    real = mod.HostRing
-
-    def ring(max_batch, **kwargs):
-        pinned.append(kwargs["pinned"])
-        return real(max_batch, pinned=False)
-
-    monkeypatch.setattr(mod, "HostRing", ring)
-    StepLauncher(_buf(), backend="reference").ensure_host_ring()
-    _pretend_cuda(StepLauncher(_buf(), backend="reference")).ensure_host_ring()
-    assert pinned == [False, True]
-
-
-def test_the_guard_accepts_inputs_on_the_buffers_device_and_the_staged_copy_only():
-    """Gather indices on the buffer's device or the launcher's own staged (pinned) copy;
-    publish indices and values on the buffer's device. A meta tensor stands for a tensor
-    on another device."""
+def test_the_guard_accepts_inputs_on_the_buffers_device_only():
+    """Gather indices, publish indices and values on the buffer's device. A meta tensor
+    stands for a tensor on another device."""
     pg = StepLauncher(_buf(), backend="reference")
-    staged = pg.stage_host_indices(torch.tensor([1, 2]))
     elsewhere = torch.tensor([1, 2], device="meta")
     here = torch.tensor([1, 2])
-    assert pg._key(staged, None, None, False) == (torch.int64, False)
+    assert pg._key(here, None, None, False) == (torch.int64, False)
     assert pg._key(elsewhere, None, None, False) is None
-    assert pg._key(staged, elsewhere, elsewhere, False) is None
+    assert pg._key(here, elsewhere, elsewhere, False) is None
     assert pg._key(here, here, here, True) == (torch.int64,) * 3 + (True,)
     assert pg._key(torch.arange(4)[::2], None, None, False) is None  # read unstrided
 
@@ -377,19 +362,6 @@ def test_the_bound_launch_poisons_what_it_gathered_in_debug_mode():
 
 
 @pytest.mark.parametrize("backend", ["interpreter", "reference"])
-def test_a_launcher_on_the_host_yields_the_sum_without_a_mirror(backend):
-    """A CPU relay's lengths are host lengths already: ``host=True`` asks the same launch
-    for their sum, and no ring is made or written - an idle step's sum is 0."""
-    buf = torch.arange(32, dtype=torch.int64) * 3
-    pg = StepLauncher(buf, backend=backend, mirror=False)
-    for launch in (pg.launch_checked, pg.launch, pg.launch):
-        out = launch(torch.tensor([2, 5, 9]), torch.tensor([5]), torch.tensor([100]), True)
-        assert out.tolist() == [6, 100, 27] and int(pg.out_sum) == 133
-    pg.launch(torch.tensor([], dtype=torch.int64), None, None, True)
-    assert int(pg.out_sum) == 0 and pg.ring is None
-
-
-@pytest.mark.parametrize("backend", ["interpreter", "reference"])
 def test_a_rebound_launcher_keeps_its_backend_and_launches_into_the_new_buffer(backend):
     """FutureMap may swap its buffer (``_adopt_relay``): the same launcher, the same backend,
     every later step into the new buffer."""
@@ -411,24 +383,15 @@ def test_direct_launches_count_once_each_like_every_launch():
     assert (pg.launches, pg.direct_launches, len(compiled.calls)) == (4, 3, 3)
 
 
-def test_a_host_row_read_before_any_host_launch_is_refused_naming_the_step():
-    pg = StepLauncher(_buf(), backend="interpreter")
-    pg.launch(torch.tensor([1]), None, None, False)
-    with pytest.raises(
-        StaleHostMirrorError, match=r"^no host-mirror launch was made \(step 3\)$"
-    ) as info:
-        pg.read_row(3, 1)
-    assert info.value.cause == "no ring"
-
-
 def test_the_launchers_state_lives_on_its_buffers_device():
-    """The sum and the debug flag are made on the buffer's device, whatever it is (a
-    ``meta`` buffer here: a device other than the host, without CUDA)."""
+    """The sum, an idle row and the debug flag are made on the buffer's device, whatever it
+    is (a ``meta`` buffer here: a device other than the host, without CUDA): the kernel
+    reads and writes device memory only."""
     pg = StepLauncher(
         torch.zeros(8, dtype=torch.int64, device="meta"), poison=True, backend="reference"
     )
     assert pg.out_sum.device.type == "meta" and pg._flag.device.type == "meta"
-    assert not pg.pinned
+    assert pg._zero_row.device.type == "meta" and not pg.pinned
 
 
 def _recording_pin_memory(monkeypatch, factory: str) -> list:
@@ -444,60 +407,18 @@ def _recording_pin_memory(monkeypatch, factory: str) -> list:
     return asked
 
 
-class _OnCudaFromTheStart(StepLauncher):
-    """A launcher that is on CUDA (pinning, device rules) from its construction on."""
-
-    _on_cuda = property(lambda self: True, lambda self, value: None)
-
-
-def test_host_indices_are_staged_in_pinned_memory_exactly_on_cuda(monkeypatch):
-    host, cuda = StepLauncher(_buf(), backend="reference"), _pretend_cuda(StepLauncher(_buf()))
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "confidential computing"])
+def test_the_host_copies_are_pinned_exactly_on_cuda_unless_the_host_forbids_it(monkeypatch, pinned):
+    """The staged indices and the host row: pinned on CUDA (as SGLang's own staging), and
+    pageable under Confidential Computing (as SGLang's ``is_pin_memory_available``); the
+    device copy of the indices on the buffer's device."""
+    on_host = StepLauncher(_buf(), backend="reference")
+    on_cuda = _pretend_cuda(StepLauncher(_buf(), backend="reference", pinned=pinned))
     asked = _recording_pin_memory(monkeypatch, "empty")
-    host.stage_host_indices(torch.tensor([1, 2]))
-    cuda.stage_host_indices(torch.tensor([1, 2]))
-    assert asked == [False, True]
-
-
-def test_on_cuda_the_debug_flag_is_pinned_host_memory_the_kernel_writes_into(monkeypatch):
-    """Pinned on the host (the host reads it without a copy), whatever the buffer's device
-    (a ``meta`` buffer stands for a CUDA one here); without pinning, on the device."""
-    asked = _recording_pin_memory(monkeypatch, "full")
-    buf = torch.zeros(8, dtype=torch.int64, device="meta")
-    pinned = _OnCudaFromTheStart(buf, poison=True, backend="reference")
-    unpinned = _OnCudaFromTheStart(buf, poison=True, backend="reference", pinned=False)
-    assert asked == [True, False]
-    assert pinned._flag.device.type == "cpu" and unpinned._flag.device.type == "meta"
-
-
-def test_on_cuda_a_consumed_read_is_reported_at_the_next_launch_not_by_waiting(monkeypatch):
-    """The pinned flag is read when the host next touches the launcher (a launch, a row
-    read), never right after the launch that set it: that would wait for the device."""
-    from spec_fused.kernels.checks import PoisonedSlotError
-
-    _recording_pin_memory(monkeypatch, "full")
-    pg = _OnCudaFromTheStart(_buf(), poison=True, backend="reference")
-    pg.launch_checked(torch.tensor([1]), None, None, False)
-    pg.launch_checked(torch.tensor([1]), None, None, False)  # reads slot 1 consumed: flagged
-    with pytest.raises(PoisonedSlotError) as info:
-        pg.launch_checked(torch.tensor([2]), None, None, False)
-    assert info.value.slot == 1
-
-
-class _SaysCuda(torch.Tensor):
-    """A CPU tensor that says it is on CUDA (what the reference step asks of its buffer)."""
-
-    @property
-    def is_cuda(self):
-        return True
-
-
-def test_the_release_reference_moves_only_the_staged_host_indices_to_the_device():
-    buf = _buf().as_subclass(_SaysCuda)
-    pg = StepLauncher(buf, backend="reference")
-    pg.stage_host_indices(torch.tensor([1, 2]))
-    gi = torch.tensor([3, 4])
-    for _ in range(2):  # checked, then the lean reference step
-        assert pg.launch(gi, None, None, False).tolist() == [103, 104]
+    for pg in (on_host, on_cuda):
+        pg.stage_host_indices(torch.tensor([1, 2]), torch.tensor([1, 2]))
+        pg.row_to_host(torch.tensor([3, 4, 7]))
+    assert asked == [False, False, False, pinned, False, pinned]  # (staging, device), row
 
 
 def test_an_unknown_backend_is_refused_naming_the_known_ones():

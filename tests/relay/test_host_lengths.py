@@ -1,9 +1,9 @@
 """Host lengths through the relay: two batches in flight keep their own, debug mode's
-checks (never-published slots, double reads, stale stamps, host indices), and which
-batches get host lengths at all (a claim, upstream's ``needs_cpu_seq_lens``).
+checks (never-published slots, double reads, host indices), and which batches get host
+lengths at all (a claim, upstream's ``needs_cpu_seq_lens``).
 
-The ring underneath (stamps, two rows, stale reads refused) is tested in
-tests/kernels/test_host_ring.py."""
+The host copies underneath (staged indices up, the row ``[*lens, sum]`` down) are tested
+in tests/kernels/test_step_launcher.py, their stream order in test_stream_order.py."""
 
 import logging
 import random
@@ -16,11 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.arms import patched_future_map, unpatched_then_patched
-from support.fake_cuda import EXACT, direct_relay, messages
+from support.fake_cuda import EXACT, direct_relay
 
-from spec_fused import log
 from spec_fused import relay as relay_mod
-from spec_fused.kernels.checks import PoisonedSlotError, StaleHostMirrorError
+from spec_fused.kernels.checks import PoisonedSlotError
 from spec_fused.tools.traces import (
     TraceConfig,
     decode_batch,
@@ -114,46 +113,6 @@ def test_debug_consume_once_catches_a_double_read(debug_fm):
     assert info.value.slot == 2
 
 
-def _launched_with_a_stale_stamp(relay, gather, lens):
-    """A host-mirror launch through the relay's launcher whose row then reads as another
-    launch's (as a launch that did not write it would leave it)."""
-    relay.launcher.mirror = True  # as a CUDA relay's launcher (a CPU relay sums only)
-    relay.launcher.buf[torch.tensor(gather)] = torch.tensor(lens)
-    out = relay.launcher.launch_checked(torch.tensor(gather), None, None, True)
-    stamp = relay.launcher.stamp
-    relay.launcher.ring.np[stamp & 1, -1] = -12345
-    return stamp, out
-
-
-@pytest.mark.parametrize("debug", [True, False])
-def test_a_stale_stamp_is_an_error_in_debug_and_never_stale_in_release(monkeypatch, debug, caplog):
-    if debug:
-        monkeypatch.setenv("SPEC_FUSED_DEBUG", "1")
-    log.reset()
-    with patched_future_map(SpeculativeAlgorithm.EAGLE, SMALL) as fm:
-        fm.publish(torch.tensor([1, 2]), torch.tensor([7, 8]))
-        relay = relay_mod.relay_for(fm)
-        if debug:
-            stamp, out = _launched_with_a_stale_stamp(relay, [1, 2], [7, 8])
-            with pytest.raises(StaleHostMirrorError, match="expected step"):
-                relay.launcher.read_lengths(out, lambda: None)
-            return
-        stamps = []
-        with caplog.at_level(logging.WARNING, logger="spec_fused"):
-            for step in range(3):  # one log line per cause, not per step
-                stamp, out = _launched_with_a_stale_stamp(relay, [1, 2], [7 + step, 8])
-                stamps.append(stamp)
-                lens, total = relay.launcher.read_lengths(out, lambda: None)
-                assert lens.tolist() == [7 + step, 8] and total == 15 + step
-    lines = [
-        r.getMessage() for r in caplog.records if "reading this step's lengths" in r.getMessage()
-    ]
-    assert lines == [
-        f"spec_fused: host mirror slot holds step -12345 after waiting, expected step "
-        f"{stamps[0]}; reading this step's lengths from the device"
-    ]
-
-
 def test_a_resolve_with_nothing_to_gather_lands_the_pending_publish():
     """No pending publish may outlive the next forward (which may scatter newer values)."""
     from types import SimpleNamespace
@@ -227,19 +186,6 @@ def test_unclaimed_exact_host_lengths_follow_upstreams_flag(algo, needs_cpu, giv
     batch = decode_batch([2], CFG)
     relay.resolve(fm, batch)
     assert (batch.seq_lens_cpu is not None) is gives
-
-
-def test_a_debug_relay_reads_the_host_mirror_strictly():
-    """Debug mode never waits again for a stale row: it raises at once."""
-    relay, fm, ops = direct_relay(EXACT, debug=True)
-    relay.launcher.buf[torch.tensor([1, 2])] = torch.tensor([7, 8])
-    out = relay.launcher.launch_checked(torch.tensor([1, 2]), None, None, True)
-    stamp = relay.launcher.stamp
-    relay.launcher.ring.np[stamp & 1, -1] = -12345
-    waits = []
-    with pytest.raises(StaleHostMirrorError) as info:
-        relay.launcher.read_lengths(out, lambda: waits.append(1))
-    assert info.value.cause == "stale" and waits == []
 
 
 def test_an_empty_exact_resolve_gives_what_upstream_gives():
@@ -346,21 +292,6 @@ def test_a_batch_without_host_indices_is_handed_back():
     batch.__dict__.pop("req_pool_indices_cpu", None)
     with pytest.raises(relay_mod.HandToSGLang, match="^no host indices matching future_indices$"):
         relay.resolve(fm, batch)
-
-
-def test_under_confidential_computing_an_exact_step_is_sglangs_without_a_line(caplog):
-    """The relay said so once, when it was made; every such step is handed back."""
-    relay, fm, ops = direct_relay(EXACT)
-    relay.pinned_ok = False
-    with ops.on(ops.forward):
-        relay.publish(fm, torch.tensor([1, 2]), torch.tensor([10, 20]))
-    batch = decode_batch([1, 2], CFG)
-    batch.req_pool_indices_cpu = torch.tensor([1, 2])
-    with caplog.at_level(logging.INFO, logger="spec_fused"):
-        with pytest.raises(relay_mod.HandToSGLang) as info:
-            relay.resolve(fm, batch)
-    assert info.value.args == ("Confidential Computing",) and messages(caplog) == []
-    assert relay.pending is None and fm.new_seq_lens_buf[[1, 2]].tolist() == [10, 20]
 
 
 @pytest.mark.skipif(

@@ -41,13 +41,24 @@ def fake(monkeypatch):
     with ops.on(ops.forward):
         fm.publish(torch.tensor([1, 2]), torch.tensor([10, 20]))
     relay = relay_mod.relay_for(fm)
-    launch = relay.launcher.launch  # looked up by the relay at every launch
+    launcher = relay.launcher
+    launch, upload, down = launcher.launch, launcher.upload_host_indices, launcher.row_to_host
 
-    def logged(gi, pi, pv, host):
-        ops.log.append((ops.current.name, "launch", "host" if host else "device"))
-        return launch(gi, pi, pv, host)
+    def logged(gi, pi, pv, row):
+        ops.log.append((ops.current.name, "launch", "row" if row else "device"))
+        return launch(gi, pi, pv, row)
 
-    relay.launcher.launch = logged
+    def logged_upload(staged):
+        ops.log.append((ops.current.name, "copy", "host indices up"))
+        return upload(staged)
+
+    def logged_down(row):
+        ops.log.append((ops.current.name, "copy", "row down"))
+        return down(row)
+
+    # looked up by the relay at every step
+    launcher.launch, launcher.upload_host_indices = logged, logged_upload
+    launcher.row_to_host = logged_down
     ops.log.clear()
     yield SimpleNamespace(
         ops=ops, fm=fm, relay=relay, ready=fm.publish_ready.name, done=relay.done_event.name
@@ -55,28 +66,33 @@ def fake(monkeypatch):
     sglang_patch.remove()
 
 
-def test_exact_lengths_wait_for_the_publish_only_and_the_host_for_one_launch(fake):
+def test_exact_lengths_wait_for_the_publish_only_and_the_host_for_that_stream(fake):
+    """Host indices up, the one launch, its row down: all on the private stream gated on
+    ``publish_ready`` alone; the host waits for that stream's event, and no stream waits
+    on the device (everything was done when the host returned)."""
     ops, fm = fake.ops, fake.fm
     batch = decode_batch([1, 2], CFG)
     fm.resolve_seq_lens_cpu(batch)  # on the schedule stream
     relay = fake.relay.relay_stream.name
     assert ops.log == [
         (relay, "wait_event", fake.ready),  # gated on publish_ready, nothing else
-        (relay, "launch", "host"),  # the one launch, on the private stream
+        (relay, "copy", "host indices up"),
+        (relay, "launch", "row"),  # the one launch, on the private stream
+        (relay, "copy", "row down"),
         (relay, "record", fake.done),
-        ("schedule", "wait_event", fake.done),  # the caller's stream, on the device
-        ("schedule", "record_stream"),
-        ("host", "synchronize", fake.done),  # the host waits for this launch only
+        ("host", "synchronize", fake.done),  # the host waits for this stream only
+        ("schedule", "record_stream"),  # the lengths, made on the private stream
     ]
     assert batch.seq_lens.tolist() == [10, 20]
     assert batch.seq_lens_cpu.tolist() == [10, 20] and batch.seq_lens_sum == 30
 
 
-def test_without_pinned_host_indices_the_step_is_sglangs_never_behind_the_schedule(fake):
-    """Gathering through device indices would order the private stream behind the
-    schedule stream, which sits behind the WAR barrier: the host would wait for the
-    forward's reads where upstream waits for ``publish_ready`` only. So the pending
-    publish lands, gated on ``publish_ready``, and SGLang's own resolve runs the step."""
+def test_without_host_indices_the_step_is_sglangs_never_behind_the_schedule(fake):
+    """Gathering through the device ``future_indices`` would order the private stream
+    behind the schedule stream (a filtered batch makes them there), which sits behind the
+    WAR barrier: the host would wait for the forward's reads where upstream waits for
+    ``publish_ready`` only. So the pending publish lands, gated on ``publish_ready``, and
+    SGLang's own resolve runs the step."""
     ops = fake.ops
     batch = decode_batch([1, 2], CFG)
     batch.req_pool_indices_cpu = None

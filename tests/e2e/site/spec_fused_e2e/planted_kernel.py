@@ -1,8 +1,8 @@
 """The ``kernel_41_47`` plant: a ``@triton.jit`` kernel with the exact parameter list of
 ``spec_fused.kernels.publish_gather._publish_gather_kernel``, so the relay launches it as
 it launches the real one. It runs the real kernel (a device-function call: the same code,
-inlined), then makes every gathered length from 41 to 47 one too long, in the lengths, the
-sum and the host row alike: a fault only sequences crossing that range can show. Test tier
+inlined), then makes every gathered length from 41 to 47 one too long, in the lengths and
+their sum alike (``out_sum``, or ``out[n]`` for a row): a fault only sequences crossing that range can show. Test tier
 only; ``make`` checks the parameter lists still match."""
 
 import triton
@@ -21,13 +21,9 @@ def _off_by_one_41_47(
     n,
     out_ptr,
     out_sum_ptr,
-    host_ptr,
     err_ptr,
-    stamp,
-    stamp_offset,
-    HAS_HOST: tl.constexpr,
-    HAS_STAMP: tl.constexpr,
     POISON: tl.constexpr,
+    ROW: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     _REAL(
@@ -39,13 +35,9 @@ def _off_by_one_41_47(
         n,
         out_ptr,
         out_sum_ptr,
-        host_ptr,
         err_ptr,
-        stamp,
-        stamp_offset,
-        HAS_HOST,
-        HAS_STAMP,
         POISON,
+        ROW,
         BLOCK,
     )
     tl.debug_barrier()
@@ -57,13 +49,11 @@ def _off_by_one_41_47(
         v = tl.load(out_ptr + offs, mask=mask, other=0)
         v = tl.where((v >= 41) & (v <= 47), v + 1, v)  # the planted fault
         tl.store(out_ptr + offs, v, mask=mask)
-        if HAS_HOST:
-            tl.store(host_ptr + offs, v, mask=mask)
         acc += v
-    total = tl.sum(acc, axis=0)
-    tl.store(out_sum_ptr, total)
-    if HAS_HOST:
-        tl.store(host_ptr + n, total)
+    if ROW:
+        tl.store(out_ptr + n, tl.sum(acc, axis=0))
+    else:
+        tl.store(out_sum_ptr, tl.sum(acc, axis=0))
 
 
 def make(real):

@@ -36,8 +36,8 @@ def _off_by_one(original, relay, fm, indices, new_seq_lens):
 def _gather_shifted(launch):
     import torch
 
-    def shifted(gi, pi, pv, host):
-        return launch(torch.roll(gi, 1) if gi.numel() > 1 else gi, pi, pv, host)
+    def shifted(gi, pi, pv, row):
+        return launch(torch.roll(gi, 1) if gi.numel() > 1 else gi, pi, pv, row)
 
     return shifted
 
@@ -50,16 +50,16 @@ def _landed_late(launch):
     another request's, which could crash the engine rather than change its tokens."""
     gathered: dict = {}  # slot -> the length last gathered from it
 
-    def late(gi, pi, pv, host):
+    def late(gi, pi, pv, row):
         if pi is None or not pi.numel() or not gi.numel():
-            return launch(gi, pi, pv, host)
+            return launch(gi, pi, pv, row)
         pending = dict(zip(pi.tolist(), pv.tolist()))
         if all(0 < v - gathered.get(s, v) <= 8 for s, v in pending.items()):
-            out = launch(gi, None, None, host)  # the gather first ...
+            out = launch(gi, None, None, row)  # the gather first ...
             launch(gi[:0], pi, pv, False)  # ... then the publish it should have seen
         else:
-            out = launch(gi, pi, pv, host)
-        gathered.update(zip(gi.tolist(), out.tolist()))
+            out = launch(gi, pi, pv, row)
+        gathered.update(zip(gi.tolist(), out.tolist()))  # (a row's sum past the lengths)
         return out
 
     return late
