@@ -7,8 +7,6 @@ host indices up, the row ``[*lens, sum]`` down) use pageable host memory there, 
 own staging does. The relay reads SGLang's own check (forced here with SGLang's own
 override, ``SGLANG_FORCE_CONFIDENTIAL_COMPUTE``); its CUDA calls are stood in on a CPU."""
 
-import logging
-
 import pytest
 import torch
 from sglang.srt.utils import common as sglang_common

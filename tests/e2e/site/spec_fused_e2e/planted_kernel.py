@@ -2,8 +2,8 @@
 ``spec_fused.kernels.publish_gather._publish_gather_kernel``, so the relay launches it as
 it launches the real one. It runs the real kernel (a device-function call: the same code,
 inlined), then makes every gathered length from 41 to 47 one too long, in the lengths and
-their sum alike (``out_sum``, or ``out[n]`` for a row): a fault only sequences crossing that range can show. Test tier
-only; ``make`` checks the parameter lists still match."""
+their sum alike (``out_sum``, or ``out[n]`` for a row): a fault only sequences crossing that
+range can show. Test tier only; ``make`` checks the parameter lists still match."""
 
 import triton
 import triton.language as tl
