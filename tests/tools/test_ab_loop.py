@@ -1,0 +1,140 @@
+"""The decode-loop A/B's plan and its loop, proven on CPU.
+
+Why: ``bench/ab_loop.py`` runs only on a lent GPU, where no time is left to find a bug;
+its dry run is held here to what issue 34 asks of it: every cell (concurrency 1 to 256 x
+exact host lengths or GPU-only) and every arm (A, B, and C where host lengths are exact)
+planned, rows with every promised key and null figures, at least 4 rounds, a GPU
+estimate within the budget, and on CPU without ``--dry-run`` a refusal. The dry run drives
+every arm's loop through SGLang's real ``FutureMap``; a relay that hands back wrong
+lengths must stop it. Nothing here times anything.
+"""
+
+import contextlib
+import io
+import itertools
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+pytest.importorskip("sglang.srt.managers.overlap_utils")
+
+from bench import ab_loop, measure  # noqa: E402
+
+ROW_KEYS = {
+    "config",
+    "needs_cpu_seq_lens",
+    "concurrency",
+    "arms",
+    "rounds",
+    "steps_per_block",
+    "b_over_a",
+    "band",
+    "c_over_a",
+    "c_band",
+    "steps_per_s",
+    "gpu_idle_us_per_step",
+    "relayed",
+    "skipped",
+}
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ab_loop")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert ab_loop.main(["--dry-run", "--out", str(out)]) == 0
+    return json.loads((out / "ab_loop.json").read_text()), out
+
+
+def test_the_dry_run_writes_the_promised_schema(dry_run):
+    data, out = dry_run
+    assert data["dry_run"] is True and data["device"]
+    assert {"sglang", "torch", "triton", "python"} <= set(data["versions"])
+    plan = data["plan"]
+    assert plan["rounds"] >= 4 and plan["order"] == "ABBA then BAAB"
+    assert 0 < plan["estimated_device_s"] <= plan["budget_s"] <= 240
+    assert plan["forward"]["verify_layers"] >= 1 and "4096x28672" in plan["forward"]["layer"]
+    assert "busy loop" in plan["host_work_us"] and plan["barrier"] in ("read_done", "coarse")
+    for row in data["rows"]:
+        assert set(row) == ROW_KEYS, row
+        arms = row["arms"]
+        assert set(row["gpu_idle_us_per_step"]) == set(row["steps_per_s"]) == set(arms)
+        assert {"A", "B"} <= set(row["gpu_idle_us_per_step"])
+        figures = [row[k] for k in ("b_over_a", "band", "c_over_a", "c_band")]
+        figures += [*row["steps_per_s"].values(), *row["gpu_idle_us_per_step"].values()]
+        assert figures == [None] * len(figures) and row["rounds"] == 0
+        assert row["skipped"] is None
+    assert not (out / "ab_loop.png").exists()  # a dry run has nothing to plot
+
+
+def test_every_cell_and_arm_is_planned(dry_run):
+    data, _ = dry_run
+    want = set(itertools.product((1, 8, 32, 64, 128, 256), (True, False)))
+    for cells in (data["plan"]["cells"], data["rows"]):
+        assert {(c["concurrency"], c["needs_cpu_seq_lens"]) for c in cells} == want
+        assert len(cells) == len(want)
+        for c in cells:  # C only where host lengths are exact (GPU-only: C is A in kind)
+            assert c["arms"] == (["A", "B", "C"] if c["needs_cpu_seq_lens"] else ["A", "B"])
+    assert set(data["plan"]["arms"]) == {"A", "B", "C"}
+
+
+def test_relayed_is_what_spec_fused_does_on_cuda_by_default(dry_run, monkeypatch):
+    from spec_fused import measured
+
+    monkeypatch.setenv("SPEC_FUSED_UNMEASURED", "")
+    for row in dry_run[0]["rows"]:
+        exact = row["needs_cpu_seq_lens"]
+        assert row["relayed"] == (measured.handed_to_sglang(torch.device("cuda"), exact) is None)
+
+
+def test_cpu_without_dry_run_refuses(monkeypatch, tmp_path):
+    monkeypatch.setattr(ab_loop.torch.cuda, "is_available", lambda: False)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert ab_loop.main(["--out", str(tmp_path)]) == 2
+    assert "--dry-run" in err.getvalue() and "CUDA" in err.getvalue()
+    assert not list(tmp_path.iterdir())
+
+
+def test_fewer_than_four_rounds_are_refused():
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+        ab_loop.parse(["--dry-run", "--rounds", "3"])
+
+
+def test_the_rounds_alternate_abba_then_baab():
+    orders = ["AB" if reverse == 0 else "BA" for reverse in ab_loop.ABBA]
+    assert orders == ["AB", "BA", "BA", "AB", "BA", "AB", "AB", "BA"]
+
+
+def test_a_relay_that_resolves_wrong_lengths_stops_the_loop():
+    args = ab_loop.parse(["--dry-run"])
+    loop = ab_loop.Loop(torch.device("cpu"), 8, args, ab_loop.TOY, torch.float32)
+    measure.set_patched(False)
+    fm, _ = measure.arm_future_map("NGRAM", "cpu", ab_loop.POOL, fused=False)
+    loop.block(fm, "A", True, 3)  # as shipped: the lengths check out
+    publish = type(fm).publish
+    fm.publish = lambda fi, lens: publish(fm, fi, lens + 1)  # an off-by-one relay
+    with pytest.raises(RuntimeError, match="wrong lengths"):
+        loop.block(fm, "A", True, 3)
+
+
+def test_a_row_pairs_each_round_and_the_plot_draws(tmp_path):
+    args = ab_loop.parse(["--dry-run"])
+    samples = {
+        "A": [(100.0, 50.0), (200.0, 40.0), (100.0, 60.0), (100.0, 50.0)],
+        "B": [(110.0, 45.0), (180.0, 40.0), (105.0, 55.0), (100.0, 50.0)],
+        "C": [(120.0, 5.0), (240.0, 4.0), (120.0, 6.0), (120.0, 5.0)],
+    }
+    row = ab_loop.make_row(args, 8, True, samples, steps=50)
+    assert row["band"] == pytest.approx([0.9, 1.1]) and row["b_over_a"] == pytest.approx(1.025)
+    assert row["c_over_a"] == pytest.approx(1.2) and row["c_band"] == pytest.approx([1.2, 1.2])
+    assert row["steps_per_s"]["A"] == 100.0 and row["gpu_idle_us_per_step"]["C"] == 5.0
+    gpu_only = ab_loop.make_row(args, 8, False, {k: samples[k] for k in "AB"}, steps=50)
+    assert gpu_only["c_over_a"] is None and set(gpu_only["steps_per_s"]) == {"A", "B"}
+    ab_loop.plot([row, gpu_only], tmp_path / "ab_loop.png")
+    assert (tmp_path / "ab_loop.png").stat().st_size > 0
