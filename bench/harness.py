@@ -3,12 +3,12 @@
 Why one small module: every benchmark ends the same way - a JSON with the versions the
 numbers depend on, printed tables, a PNG, one line saying where they went - and must be
 read side by side. The relay-step providers live in ``bench/measure.py`` (on
-``spec_fused.tools.traces``' FutureMap), the op counters in ``bench/counters.py``.
+``spec_fused.tools.traces``' FutureMap), the step timing as serving sees it in
+``spec_fused/tools/timing.py``.
 
 Importing this module on a machine without CUDA sets ``TRITON_INTERPRET=1`` (unless the
 caller chose otherwise) *before* Triton or SGLang is imported, so the fused kernel runs
-in the Triton interpreter there. Interpreter timings are not speed: on CPU read the
-counts (launches, syncs, bytes), not the microseconds.
+in the Triton interpreter there. Interpreter timings are not speed.
 """
 
 from __future__ import annotations
@@ -111,6 +111,19 @@ def versions(device: Optional[torch.device] = None) -> dict:
         "triton_interpret": os.environ.get("TRITON_INTERPRET", ""),
         "kernel_backend": kernel_backend(device),
     }
+
+
+def gpu_state() -> Optional[dict]:
+    """The first GPU's clocks (MHz) and PCIe link, as ``nvidia-smi`` reports them now;
+    None without ``nvidia-smi``. Clocks drop when idle: read them around a run."""
+    fields = (
+        "clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,"
+        "pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max"
+    )
+    out = _run_quiet(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
+    if out is None:
+        return None
+    return dict(zip(fields.split(","), (v.strip() for v in out.splitlines()[0].split(","))))
 
 
 # --------------------------------------------------------------------------- results

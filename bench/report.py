@@ -12,36 +12,23 @@ import argparse
 import json
 from pathlib import Path
 
-PROVIDERS = ("upstream", "fused-exact", "fused-barrier-free", "floor")
+PROBE_COLUMNS = ("mode", "batch", "variant", "needs_cpu_seq_lens", "host_us_median",
+                 "device_us_median", "host_x", "device_x", "late_steps")  # fmt: skip
 
 
-def _fmt(v, digits=1):
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
+def probe_table(path: Path, pool: int) -> str:
+    """``bench/probe.py``'s medians at one pool (× upstream: the median of per-round ratios
+    to upstream with the same needs_cpu_seq_lens); a dry run's checks in one line."""
+    from bench import harness
 
-
-def kernel_table(path: Path, pool: int, batches=(1, 4096)) -> str:
     data = json.loads(path.read_text())
-    rows = {(r["provider"], r["batch"]): r for r in data["rows"] if r["pool"] == pool}
-    timed = data["device"] != "cpu"  # on CPU the µs are the interpreter's: left out
-    head = "| batch | provider | launches | host syncs | D2H bytes |"
-    rule = "|---:|---|---:|---:|---:|"
-    if timed:
-        head, rule = head + " host µs | device µs |", rule + "---:|---:|"
-    lines = [f"kernel_sweep, pool {pool}, device `{data['device']}`", "", head, rule]
-    for b in batches:
-        for p in PROVIDERS:
-            r = rows.get((p, b))
-            if r is None:
-                continue
-            line = f"| {b} | {p} | {r['launches']} | {r['host_syncs']} | {r['d2h_bytes']} |"
-            if timed:
-                line += f" {_fmt(r['host_us'])} | {_fmt(r['device_us'], 2)} |"
-            lines.append(line)
-    return "\n".join(lines)
+    failed = sorted({r["variant"] for r in data["rows"] if r["ok"] is False})
+    checks = "every variant's check passed" if not failed else f"failed: {', '.join(failed)}"
+    if data["dry_run"]:
+        return f"probe: a dry run on `{data['device']}`, no figures; {checks}"
+    rows = [r for r in data["rows"] if r["pool"] == pool]
+    table = harness.format_table(rows, PROBE_COLUMNS, markdown=True)
+    return f"probe, pool {pool}, device `{data['device']}`; {checks}\n\n{table}"
 
 
 HOST_PROVIDERS = ("spec_fused", "spec_fused-null", "spec_fused-jit", "floor-direct", "floor-jit")
@@ -121,14 +108,14 @@ def main(argv=None) -> None:
     parser.add_argument("results_dir", type=Path)
     parser.add_argument("--pool", type=int, default=4096)
     args = parser.parse_args(argv)
-    ks = args.results_dir / "kernel_sweep.json"
+    probe = args.results_dir / "probe.json"
     host = args.results_dir / "host_overhead.json"
     engine = args.results_dir / "ab_engine.json"
     if engine.exists():
         print(engine_table(engine), "\n")
-    if ks.exists():
-        print(f"_{versions_line(ks)}_\n")
-        print(kernel_table(ks, args.pool), "\n")
+    if probe.exists():
+        print(f"_{versions_line(probe)}_\n")
+        print(probe_table(probe, args.pool), "\n")
     if host.exists():
         print(host_table(host), "\n")
 

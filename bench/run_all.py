@@ -1,5 +1,5 @@
-"""Run every benchmark of spec_fused: the kernel sweep, the host-cost sweep, the A/B on
-the real engine.
+"""Run every benchmark of spec_fused: the GPU probe, the host-cost sweep, the A/B on the
+real engine.
 
 Why one entry point: the README's benchmark command must be one line that works on a
 laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size):
@@ -7,8 +7,9 @@ laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size
     TRITON_INTERPRET=1 python -m bench.run_all --quick     # CPU, a few minutes
     python -m bench.run_all --out /tmp/h200                # CUDA
 
-Results go to ``bench/results/<device>/`` (or ``--out DIR``): ``kernel_sweep.json/.png``,
-``host_overhead.json/.png``, ``ab_engine.json/.md/.png``.
+Results go to ``bench/results/<device>/`` (or ``--out DIR``): ``probe.json/.png`` (on a CPU
+its dry run: the plan and every variant's check, no figures), ``host_overhead.json/.png``,
+``ab_engine.json/.md/.png``.
 The real-server A/B (weights + GPU) is
 ``bench/ab_server.sh``.
 """
@@ -24,13 +25,13 @@ from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton i
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bench.run_all",
-        description="kernel_sweep, host_overhead, then ab_engine; prints where the results went.",
+        description="probe, host_overhead, then ab_engine; prints where the results went.",
     )
     harness.add_common_args(parser)
     parser.add_argument(
         "--skip",
         nargs="+",
-        choices=("kernel_sweep", "host_overhead", "ab_engine"),
+        choices=("probe", "host_overhead", "ab_engine"),
         default=[],
         help="benchmarks to leave out",
     )
@@ -44,20 +45,25 @@ def main(argv=None) -> dict:
         *(["--out", args.out] if args.out else []),
         *(["--no-plot"] if args.no_plot else []),
     ]
-    from bench import ab_engine, host_overhead, kernel_sweep
+    from bench import ab_engine, host_overhead, probe
 
+    # the probe times a GPU only; on a CPU its dry run checks every variant
+    on_gpu = harness.pick_device().type == "cuda"
+    probe_args = [a for a in passthrough if a != "--quick"] + ([] if on_gpu else ["--dry-run"])
     done, walls = {}, {}
-    for name, module in (
-        ("kernel_sweep", kernel_sweep),
-        ("host_overhead", host_overhead),
-        ("ab_engine", ab_engine),
+    for name, module, argv in (
+        ("probe", probe, probe_args),
+        ("host_overhead", host_overhead, passthrough),
+        ("ab_engine", ab_engine, passthrough),
     ):
         if name in args.skip:
             continue
-        print(f"\n=== {name} {' '.join(passthrough)}", flush=True)
+        print(f"\n=== {name} {' '.join(argv)}", flush=True)
         t0 = time.perf_counter()
-        done[name] = module.main(passthrough)
+        done[name] = module.main(argv)
         walls[name] = time.perf_counter() - t0
+        if name == "probe" and done[name]:
+            raise SystemExit(f"probe exited {done[name]}: a variant's check failed")
     out_dir = harness.results_dir(harness.pick_device(), args.out)
     print("\n=== results")
     for name, wall in walls.items():

@@ -15,7 +15,10 @@ def _lines(paths) -> int:
 
 def test_the_package_and_its_tools_stay_within_their_budgets():
     assert _lines(SOURCES) <= 4_500
-    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_000
+    # 1,000 until issue 34: tools/timing.py (203 lines) times a relay step as serving sees
+    # it - queued behind a busy GPU, blocked time apart from host time, ABBA rounds - for
+    # selftest and bench/probe.py; torch.utils.benchmark and do_bench time an idle GPU.
+    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_275
     assert _lines([PACKAGE / "kernels" / "publish_gather.py"]) <= 250
     assert _lines((ROOT / "bench").rglob("*.py")) <= 2_500
 

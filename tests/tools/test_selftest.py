@@ -9,16 +9,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from spec_fused.tools import selftest
+from spec_fused.tools import selftest, timing
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+CELL_KEYS = {"mode", "needs_cpu_seq_lens", "batch", "pool", "host_x", "device_x", "relayed"}
 
 
 def test_the_command_passes_here_and_times_the_production_cpu_path(tmp_path):
     """As a user runs it: a fresh process, the installed SGLang, this environment. On a
     CPU the ratio it prints is the production CPU path's (the torch reference), never the
-    Triton interpreter's."""
+    Triton interpreter's, and the verdict says plainly that no GPU was measured."""
     out = tmp_path / "selftest.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEC_FUSED_")}
     proc = subprocess.run(
@@ -36,13 +40,49 @@ def test_the_command_passes_here_and_times_the_production_cpu_path(tmp_path):
     assert {(c["algorithm"], c["needs_cpu_seq_lens"]) for c in cases} == {
         (a, n) for a in ("EAGLE", "DFLASH") for n in (0, 1)
     }
-    assert all(c["ok"] and c["backend"] == "interpreter" for c in cases)
+    assert all(c["ok"] and c["backend"] == "interpreter" and c["relayed"] for c in cases)
     assert "cases match the torch reference" in report["canary"]
-    assert {r["batch"] for r in report["speed"]} == set(selftest.BATCHES[:2])
-    assert all(r["host_x"] > 0 for r in report["speed"])
-    if not report["gpu_times"]:
-        assert "the production CPU path, the torch reference" in report["verdict"]
-        assert "interpreter" not in report["verdict"]
+    speed = report["speed"]
+    assert all(CELL_KEYS <= c.keys() for c in speed)
+    assert {(c["needs_cpu_seq_lens"], c["batch"]) for c in speed} == {
+        (n, b) for n in (0, 1) for b in selftest.BATCHES[:2]
+    }
+    for c in speed:  # every round kept, both sides in each
+        rounds = [len(c["rounds"][arm]["host_us"]) for arm in ("upstream", "spec_fused")]
+        assert rounds[0] == rounds[1] >= 4 and c["host_x"] > 0
+    assert not report["gpu_times"]
+    # on a CPU: idle only (there is no GPU queue to wait behind), no device figure
+    assert {c["mode"] for c in speed} == {"idle"}
+    assert all(c["device_x"] is None and c["relayed"] for c in speed)
+    assert "measured no GPU" in report["verdict"]
+    assert "the production CPU path, the torch reference" in report["verdict"]
+    assert "interpreter" not in report["verdict"] and "queued" not in report["verdict"]
+
+
+def test_relayed_is_the_default_decision_whatever_the_environment_says(monkeypatch):
+    """``relayed`` is false where spec_fused hands the configuration to SGLang by default,
+    even while SPEC_FUSED_UNMEASURED=1 makes it relay (and be timed) here."""
+    monkeypatch.setenv("SPEC_FUSED_UNMEASURED", "1")
+    assert selftest.relayed_by_default("cuda", True) is False
+    assert selftest.relayed_by_default("cuda", False) is True
+    assert selftest.relayed_by_default("cpu", True) is True
+
+
+def test_the_gpu_verdict_quotes_the_queued_cells():
+    """The one line a user reads quotes the worst queued figures over the cells spec_fused
+    relays, and the cells it hands to SGLang apart."""
+
+    def cell(mode, relayed, x):
+        return {"mode": mode, "relayed": relayed, "host_x": x, "device_x": x + 0.5}
+
+    speed = [cell("queued", True, 0.9), cell("queued", True, 0.95), cell("idle", True, 3.0)]
+    speed.append(cell("queued", False, 1.2))
+    report = {"ok": True, "gpu_times": True, "correctness": [{"ok": True}], "speed": speed}
+    verdict = selftest._verdict(report, [])
+    assert verdict.startswith("correct here (1 traces equal SGLang's); queued behind a busy GPU")
+    assert "worst of the 2 cells it relays: host 0.95x, device 1.45x" in verdict
+    assert "the 1 it hands to SGLang: host 1.20x, device 1.70x" in verdict
+    assert "3.00x" not in verdict and "measured no GPU" not in verdict
 
 
 @pytest.mark.parametrize(
@@ -87,3 +127,66 @@ def test_the_users_own_host_length_override_is_what_gets_checked(monkeypatch):
     report = selftest.run(quick=True)
     assert report["ok"], report["verdict"]
     assert {c["needs_cpu_seq_lens"] for c in report["correctness"]} == {0, 1}
+
+
+# ------------------------------------------------ the timing both selftest and the probe use
+
+
+class _FakeTime:
+    """A host clock that moves 1 µs a read; a blocking call moves it 5 ms."""
+
+    def __init__(self):
+        self.ns = 0
+
+    def perf_counter_ns(self):
+        self.ns += 1_000
+        return self.ns
+
+    def block(self, *args):
+        self.ns += 5_000_000
+
+
+def test_blocked_time_is_left_out_of_host_time(monkeypatch):
+    """An arm that waits in ``synchronize`` costs the host only its own calls: the wait is
+    the GPU's. Event, Stream and the module's synchronize are intercepted alike, and put
+    back afterwards (a fake clock: nothing here is a wall-clock time)."""
+    fake = _FakeTime()
+    monkeypatch.setattr(timing, "time", fake)
+    for owner in (torch.cuda.Event, torch.cuda.Stream, torch.cuda):
+        monkeypatch.setattr(owner, "synchronize", fake.block)
+    arms = [
+        timing.Arm("module", lambda: None, lambda: torch.cuda.synchronize()),
+        timing.Arm("event", lambda: None, lambda: torch.cuda.Event.synchronize(None)),
+        timing.Arm("stream", lambda: None, lambda: torch.cuda.Stream.synchronize(None)),
+        timing.Arm("none", lambda: None, lambda: None),
+    ]
+    clock = timing.Clock("cpu")
+    out = timing.run(arms, clock, mode="idle", rounds=2, steps=3, seed=0, warmup=1)
+    for name, rec in out.items():
+        assert all(0 < us < 10 for us in rec["host_us"]), (name, rec)  # not the 5,000 blocked
+    assert torch.cuda.synchronize == fake.block  # put back as it was found
+
+
+def test_rounds_alternate_abba_and_every_round_is_kept():
+    orders = timing.abba("abc", 6, seed=3)
+    assert orders == timing.abba("abc", 6, seed=3)
+    assert all(sorted(o) == ["a", "b", "c"] for o in orders)
+    assert all(orders[i + 1] == orders[i][::-1] for i in range(0, 6, 2))
+    calls = {"a": 0, "b": 0, "prepared": 0}
+
+    def count(key):
+        calls[key] += 1
+
+    def prepare():
+        calls["prepared"] += 1
+
+    arms = [timing.Arm(k, lambda: None, lambda k=k: count(k), prepare) for k in "ab"]
+    out = timing.run(arms, timing.Clock("cpu"), mode="idle", rounds=4, steps=5, seed=0, warmup=2)
+    assert calls == {"a": 2 + 4 * 5, "b": 2 + 4 * 5, "prepared": 2 * (1 + 4)}
+    for rec in out.values():
+        assert len(rec["host_us"]) == 4
+        assert rec["device_us"] == [None] * 4 and rec["late"] == [None] * 4
+    with pytest.raises(ValueError, match="queued needs CUDA"):
+        timing.run(arms, timing.Clock("cpu"), mode="queued", rounds=2, steps=1, seed=0)
+    assert timing.paired_x([1.0, 2.0, 4.0], [2.0, 2.0, 2.0]) == 1.0
+    assert timing.paired_x(None, [1.0]) is None
