@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, Optional
 
+from spec_fused.faults import raise_if_sticky
+
+logger = logging.getLogger("spec_fused")
 _MISSING = object()
 
 
@@ -50,10 +54,11 @@ class PatchSet:
         self.set_attr(owner, name, fn)
 
     def after_import(self, module_name: str, callback: Callable) -> None:
-        """Run ``callback(module)`` now if imported, else right after it is imported."""
+        """Run ``callback(module)`` now if imported, else right after it is imported;
+        either way a failing callback breaks nothing (:func:`_patch_module`)."""
         module = sys.modules.get(module_name)
         if module is not None:
-            callback(module)
+            _patch_module(callback, module)
             return
         hook = PostImportHook(module_name, callback)
         sys.meta_path.insert(0, hook)
@@ -73,6 +78,23 @@ class PatchSet:
         self._undo.clear()
 
 
+def _patch_module(callback: Callable, module) -> None:
+    """``callback(module)``, which must never break the import it runs in (SGLang's
+    scheduler module: a server crash). A failure is one log line, and what the callback
+    had not set yet stays as SGLang shipped it (``war_barrier.patch`` sets its one
+    attribute last: the barrier stays SGLang's); a sticky device fault still escapes."""
+    try:
+        callback(module)
+    except Exception as exc:
+        raise_if_sticky(exc, f"spec_fused's patch of {module.__name__}", logger)
+        logger.warning(
+            "spec_fused: could not patch %s (%s: %s); it runs as SGLang shipped it",
+            module.__name__,
+            type(exc).__name__,
+            exc,
+        )
+
+
 class _PatchingLoader(importlib.abc.Loader):
     def __init__(self, loader, callback):
         self._loader = loader
@@ -83,7 +105,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        self._callback(module)
+        _patch_module(self._callback, module)
 
 
 class PostImportHook(importlib.abc.MetaPathFinder):

@@ -296,6 +296,83 @@ def test_post_import_hook_patches_on_import_and_is_removed(tmp_path, monkeypatch
     sys.modules.pop("spec_fused_probe_mod", None)
 
 
+_PROBE_SCHEDULER = "class Scheduler:\n    def _apply_war_barrier(self):\n        pass\n"
+
+
+@pytest.fixture
+def probe_scheduler(tmp_path, monkeypatch):
+    """apply()'s scheduler patch aimed at a not-yet-imported module of the test's own, and
+    the barrier decision's code check made to fail in it as ``error``."""
+    from spec_fused.integration import war_barrier
+
+    (tmp_path / "spec_fused_probe_sched.py").write_text(_PROBE_SCHEDULER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sglang_patch, "SCHEDULER", "spec_fused_probe_sched")
+    monkeypatch.delitem(sys.modules, "spec_fused_probe_sched", raising=False)
+
+    real = war_barrier.code_check.check_module
+
+    def fail_with(error):
+        def check_module(module, *args, **kwargs):
+            if module.__name__ == "spec_fused_probe_sched":
+                raise error
+            return real(module, *args, **kwargs)
+
+        monkeypatch.setattr(war_barrier.code_check, "check_module", check_module)
+
+    yield fail_with
+    sys.modules.pop("spec_fused_probe_sched", None)
+
+
+def test_a_scheduler_patch_failing_on_import_keeps_the_import_and_logs_one_line(
+    probe_scheduler, caplog
+):
+    """The deferred barrier patch runs inside the scheduler module's import: a failure
+    there must not break the import (a server crash); the barrier stays SGLang's."""
+    report = sglang_patch.apply()
+    assert report.deferred == ["spec_fused_probe_sched.Scheduler._war_barrier_enabled"]
+    probe_scheduler(RuntimeError("surprise"))
+    with caplog.at_level(logging.INFO, logger="spec_fused"):
+        import spec_fused_probe_sched
+
+    assert "_war_barrier_enabled" not in spec_fused_probe_sched.Scheduler.__dict__
+    assert _spec_fused_lines(caplog) == [
+        (
+            logging.WARNING,
+            "spec_fused: could not patch spec_fused_probe_sched (RuntimeError: surprise); "
+            "it runs as SGLang shipped it",
+        )
+    ]
+    assert sglang_patch.is_applied()  # the relay's own patches stand
+
+
+def test_a_scheduler_patch_failing_on_an_imported_scheduler_keeps_the_relay(
+    probe_scheduler, caplog
+):
+    """Imported first, patched at once: the same one line, the relay's patches stand."""
+    import spec_fused_probe_sched
+
+    probe_scheduler(RuntimeError("surprise"))
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        report = sglang_patch.apply()
+    assert report.applied and report.deferred == []
+    assert "_war_barrier_enabled" not in spec_fused_probe_sched.Scheduler.__dict__
+    assert [line for _, line in _spec_fused_lines(caplog)] == [
+        "spec_fused: could not patch spec_fused_probe_sched (RuntimeError: surprise); "
+        "it runs as SGLang shipped it"
+    ]
+
+
+def test_a_sticky_fault_in_a_scheduler_patch_on_import_still_escapes(probe_scheduler):
+    sglang_patch.apply()
+    probe_scheduler(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    with pytest.raises(RuntimeError) as info:
+        import spec_fused_probe_sched  # noqa: F401
+    notes = "\n".join(getattr(info.value, "__notes__", [str(info.value)]))
+    assert "spec_fused's patch of spec_fused_probe_sched" in notes
+    assert "SPEC_FUSED_DISABLE=1" in notes
+
+
 def _spec_fused_lines(caplog) -> list:
     return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "spec_fused"]
 
