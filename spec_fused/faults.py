@@ -40,6 +40,7 @@ STICKY_CODES = {
     719: "unspecified launch failure",
     721: "tensor memory not completely freed",
     810: "the MPS client has been terminated by the server",
+    911: "an async error has occured in external entity outside of CUDA",  # CUDA's spelling
 }
 _STICKY_TEXT = re.compile(
     r"(CUDA error|Triton Error \[CUDA\]|CUDA driver error)[^:]*:\s*("

@@ -174,14 +174,22 @@ def test_every_sticky_code_is_recognised_by_code_and_by_text(code, text):
     assert is_sticky_fault(RuntimeError(f"Triton Error [CUDA]: {text}"))
 
 
-@pytest.mark.parametrize("code", [220, 226, 721, 810])
+@pytest.mark.parametrize("code", [220, 226, 721, 810, 911])
 def test_the_codes_after_which_cuda_says_relaunch_are_sticky(code):
-    """NVLink uncorrectable, Hopper's contained error, a tensor-memory leak and a terminated
-    MPS client: cuda.h says the process must be terminated and relaunched after each."""
+    """NVLink uncorrectable, Hopper's contained error, a tensor-memory leak, a terminated
+    MPS client and an external device's async error: cuda.h says the process must be
+    terminated and relaunched after each."""
     coded = torch.AcceleratorError("opaque")
     coded.error_code = code
     assert is_sticky_fault(coded)
     assert is_sticky_fault(RuntimeError(f"Triton Error [CUDA]: {STICKY_CODES[code]}"))
+
+
+def test_an_external_devices_async_error_is_sticky_by_cudas_own_text():
+    """cudaErrorExternalDevice (911), as PyTorch words it: cudaGetErrorString's text
+    (libcudart 13.0), misspelling included."""
+    text = "an async error has occured in external entity outside of CUDA"
+    assert is_sticky_fault(RuntimeError(f"CUDA error: {text}\nCompile with `TORCH_USE_CUDA_DSA`"))
 
 
 def test_what_is_not_sticky_is_not():
