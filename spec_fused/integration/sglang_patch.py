@@ -35,10 +35,10 @@ from spec_fused import settings
 from spec_fused.faults import raise_if_sticky
 from spec_fused.integration import code_check, war_barrier
 from spec_fused.integration.hooks import PatchSet
-from spec_fused.kernels.backend import device_key
+from spec_fused.kernels.backend import Verdict, device_key, record_verdict
 from spec_fused.kernels.canary import canary
 from spec_fused.releases import support_status
-from spec_fused.upstream import confidential_compute, debug_enabled
+from spec_fused.upstream import debug_enabled
 
 logger = logging.getLogger("spec_fused")
 
@@ -277,8 +277,9 @@ _proven: set = set()
 def prewarm_for(fm, buf) -> None:
     """While a speculative FutureMap is built on a CUDA device (before serving), run the
     start-up canary there once: every specialization compiled and proven on the launcher
-    the relay will build. A sticky fault escapes; anything else is logged and the
-    fallback ladder handles it later."""
+    the relay will build. A sticky fault escapes; a CUDA device whose canary could not
+    run (or finish) is put on the torch reference, one log line: nothing unproven serves."""
+    key = None
     try:
         algo = getattr(fm, "spec_algo", None)
         if algo is None or not algo.is_some() or not isinstance(buf, torch.Tensor):
@@ -287,15 +288,14 @@ def prewarm_for(fm, buf) -> None:
         if key is None or key in _proven or _relay.unsupported_device(buf.device) is not None:
             return
         _proven.add(key)
-        canary(buf.device, debug=debug_enabled(), pinned=not confidential_compute())
+        canary(buf.device, debug=debug_enabled())
     except Exception as exc:
-        raise_if_sticky(exc, f"spec_fused's start-up canary on {buf.device}", logger)
-        _relay.log_once(
-            ("prewarm", type(exc).__name__),
-            "could not prove the fused kernel ahead of serving (%s: %s)",
-            type(exc).__name__,
-            exc,
-        )
+        raise_if_sticky(exc, f"spec_fused's start-up canary on {key or 'a FutureMap'}", logger)
+        why = f"could not prove the fused kernel ahead of serving ({type(exc).__name__}: {exc})"
+        if key is not None:  # no verdict yet, or one the canary did not finish
+            why += f"; {key} serves with the torch reference"
+            record_verdict(Verdict(key, "reference", notes=[why]))
+        _relay.log_once(("prewarm", type(exc).__name__), "%s", why)
 
 
 def _buffer_property():

@@ -18,6 +18,7 @@ from spec_fused import cuda_ops, log, upstream
 from spec_fused import relay as relay_mod
 from spec_fused.caps import SpecCaps
 from spec_fused.integration import sglang_patch
+from spec_fused.kernels import backend as backend_mod
 from spec_fused.tools.traces import TraceConfig, make_future_map
 
 NO_HOST = SpecCaps(False, "none", "test")
@@ -240,9 +241,10 @@ def prewarm_calls(monkeypatch):
     monkeypatch.setattr(
         sglang_patch,
         "canary",
-        lambda device, debug, pinned: calls.append((str(device), debug, pinned)),
+        lambda device, debug: calls.append((str(device), debug)),
     )
     monkeypatch.setattr(sglang_patch, "_proven", set())
+    monkeypatch.setattr(backend_mod, "_verdicts", {})
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     return calls
 
@@ -257,7 +259,7 @@ def test_prewarm_compiles_once_per_cuda_device_for_speculative_maps(prewarm_call
     assert prewarm_calls == []
     sglang_patch.prewarm_for(eagle, buf)
     sglang_patch.prewarm_for(eagle, buf)
-    assert prewarm_calls == [("cuda:0", False, True)]
+    assert prewarm_calls == [("cuda:0", False)]
 
 
 def test_the_prewarm_proves_the_debug_launcher_in_debug_mode(prewarm_calls, monkeypatch):
@@ -267,11 +269,11 @@ def test_the_prewarm_proves_the_debug_launcher_in_debug_mode(prewarm_calls, monk
     sglang_patch.prewarm_for(
         SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE), torch.zeros(4).as_subclass(_OnCuda)
     )
-    assert prewarm_calls == [("cuda:0", True, True)]
+    assert prewarm_calls == [("cuda:0", True)]
 
 
 def test_a_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, caplog):
-    def fail(device, debug, pinned):
+    def fail(device, debug):
         raise RuntimeError("no compiler")
 
     monkeypatch.setattr(sglang_patch, "canary", fail)
@@ -279,14 +281,48 @@ def test_a_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, caplog):
     with caplog.at_level(logging.WARNING, logger="spec_fused"):
         sglang_patch.prewarm_for(eagle, torch.zeros(4).as_subclass(_OnCuda))
     assert messages(caplog) == [
-        "spec_fused: could not prove the fused kernel ahead of serving (RuntimeError: no compiler)"
+        "spec_fused: could not prove the fused kernel ahead of serving (RuntimeError: no "
+        "compiler); cuda:0 serves with the torch reference"
     ]
+
+
+@pytest.mark.parametrize("where", ["before the canary", "before its verdict", "after it"])
+def test_a_device_whose_canary_could_not_run_serves_with_the_reference(
+    monkeypatch, prewarm_calls, where
+):
+    """No verdict (or the canary's first, unfinished one) means compiled Triton and the
+    direct launch, unproven: a canary that could not run or finish puts the device on the
+    torch reference instead."""
+    from spec_fused.kernels import canary as canary_mod
+
+    def fail(*args, **kwargs):
+        raise OSError("no disk")
+
+    def record_then_fail(verdict):
+        backend_mod.record_verdict(verdict)
+        fail()
+
+    monkeypatch.setattr(sglang_patch, "canary", canary_mod.canary)
+    if where == "before the canary":
+        monkeypatch.setattr(sglang_patch, "debug_enabled", fail)
+    elif where == "before its verdict":
+        monkeypatch.setattr(canary_mod, "backend_for", fail)
+    else:
+        monkeypatch.setattr(canary_mod, "record_verdict", record_then_fail)
+    monkeypatch.setattr(backend_mod, "TRITON_INTERPRETS", False)  # compiled Triton on CUDA
+    assert backend_mod.explain_backend("cuda:0")[0] == "triton"
+    sglang_patch.prewarm_for(
+        SimpleNamespace(spec_algo=SpeculativeAlgorithm.EAGLE), torch.zeros(4).as_subclass(_OnCuda)
+    )
+    backend, why = backend_mod.explain_backend("cuda:0")
+    assert backend == "reference" and "(OSError: no disk)" in why
+    assert backend_mod.verdict_for("cuda:0").direct is False
 
 
 def test_each_kind_of_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, caplog):
     errors = iter([RuntimeError("no compiler"), RuntimeError("no compiler"), OSError("no disk")])
 
-    def fail(device, debug, pinned):
+    def fail(device, debug):
         raise next(errors)
 
     monkeypatch.setattr(sglang_patch, "canary", fail)
@@ -296,6 +332,8 @@ def test_each_kind_of_failed_prewarm_is_logged_once(monkeypatch, prewarm_calls, 
             sglang_patch._proven.clear()
             sglang_patch.prewarm_for(eagle, torch.zeros(4).as_subclass(_OnCuda))
     assert messages(caplog) == [
-        "spec_fused: could not prove the fused kernel ahead of serving (RuntimeError: no compiler)",
-        "spec_fused: could not prove the fused kernel ahead of serving (OSError: no disk)",
+        "spec_fused: could not prove the fused kernel ahead of serving (RuntimeError: no "
+        "compiler); cuda:0 serves with the torch reference",
+        "spec_fused: could not prove the fused kernel ahead of serving (OSError: no disk); "
+        "cuda:0 serves with the torch reference",
     ]
