@@ -13,6 +13,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 echo "setup: e2e tier (the engine's imports beyond the scheduler's)" >&2
-"$VENV/bin/python" -m pip --disable-pip-version-check -q install \
+# sglang is there --no-deps (setup_scheduler_tier.sh): pip would list all it lacks.
+"$VENV/bin/python" -m pip --disable-pip-version-check -q install --no-warn-conflicts \
   uvloop interegular prometheus-client python-multipart xxhash zstandard
 echo "$want" > "$stamp"

@@ -20,12 +20,13 @@ want="$(cat pyproject.toml scripts/setup_scheduler_tier.sh scripts/install_torch
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "setup: scheduler tier (sglang==$SGLANG_VERSION and its import deps)" >&2
+echo "setup: scheduler tier (sglang==$SGLANG_VERSION --no-deps and what its scheduler" \
+  "imports on a CPU, not its CUDA stack: pip's report of what it lacks is off)" >&2
 bash scripts/install_torch.sh "$VENV"
 # transformers, tokenizers and xgrammar at SGLang 0.5.23's own pins (its METADATA), so the
 # scheduler import does not drift with whatever PyPI serves; the compat tier overlays an
 # older release's pins where they differ (scripts/compat_tier.py).
-"${PIP[@]}" install -e ".[test,sglang-light]" huggingface_hub setproctitle \
+"${PIP[@]}" install --no-warn-conflicts -e ".[test,sglang-light]" huggingface_hub setproctitle \
   "apache-tvm-ffi==0.1.11" "transformers==5.19.0" "tokenizers==0.23.2" "xgrammar==0.2.7" \
   httpx dill sentencepiece "compressed-tensors==0.18.0" gguf openai partial_json_parser \
   einops uvicorn fastapi
