@@ -155,7 +155,7 @@ def _on_failure(fm, relay, exc, what):
         type(exc).__name__,
         exc,
     )
-    disable(fm, relay, f"{what}: {exc}")
+    relay.retire(fm, f"{what}: {exc}")
 
 
 # The replacements below are installed on FutureMap as plain functions: SGLang calls them
@@ -236,35 +236,29 @@ def _make_mixed_tails(original):
     return resolve_mixed_spec_tails
 
 
-def disable(fm, relay: _relay.FusedRelay, reason: str) -> None:
-    """Hand ``fm`` back to SGLang for good: land what is pending with plain torch (what
-    upstream's publish does), then stop relaying."""
-    relay.land_with_torch()
-    relay.disabled_reason = reason
-    fm.__dict__[_relay.RELAY_ATTR] = None
-    fm.__dict__[_relay.DISABLED_ATTR] = relay
+def _landing_failed(relay: _relay.FusedRelay) -> Optional[str]:
+    """Land ``relay``'s pending publish; why it could not, or None (a sticky fault
+    escapes, naming the step)."""
+    try:
+        relay.land_pending()
+        return None
+    except Exception as exc:
+        raise_if_sticky(exc, relay.step_name("landing of a pending publish"), logger)
+        return f"landing a pending publish failed: {exc}"
 
 
 def land_all_pending() -> None:
     for relay in list(_relay.live_relays):
-        if relay.pending is not None:
-            try:
-                relay.land_pending()
-            except Exception as exc:
-                raise_if_sticky(exc, relay.step_name("landing of a pending publish"), logger)
-                relay.land_with_torch()
+        if relay.pending is not None and _landing_failed(relay):
+            relay.land_with_torch()
 
 
 def read_buffer(fm) -> torch.Tensor:
     """``fm.new_seq_lens_buf`` for anyone outside the relay: a pending publish lands first
-    (and the reader's stream waits for it)."""
+    (and the reader's stream waits for it); a relay that cannot land it is handed back."""
     relay = fm.__dict__.get(_relay.RELAY_ATTR)
-    if relay is not None and relay.pending is not None:
-        try:
-            relay.land_pending()
-        except Exception as exc:
-            raise_if_sticky(exc, relay.step_name("landing of a pending publish"), logger)
-            disable(fm, relay, f"landing a pending publish failed: {exc}")
+    if relay is not None and relay.pending is not None and (why := _landing_failed(relay)):
+        relay.retire(fm, why)
     try:
         return fm.__dict__[_relay.BUF_ATTR]
     except KeyError:

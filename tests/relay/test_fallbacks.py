@@ -431,7 +431,7 @@ def test_a_disabled_relay_is_kept_with_its_reason_and_sglang_serves():
     fm = make_future_map("EAGLE", SMALL)
     relay = relay_mod.relay_for(fm)
     relay.pending = (torch.tensor([3]), torch.tensor([30]))
-    sglang_patch.disable(fm, relay, "because")
+    relay.retire(fm, "because")
     assert relay_mod.relay_for(fm) is None and fm.__dict__[relay_mod.RELAY_ATTR] is None
     assert fm.__dict__[relay_mod.DISABLED_ATTR] is relay and relay.disabled_reason == "because"
     assert fm.__dict__["new_seq_lens_buf"][3] == 30
