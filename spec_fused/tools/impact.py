@@ -4,10 +4,11 @@ backend and algorithm.
 Why: upstream recovered most of PR #29232's regression by other means. Where every
 attention backend opts out of host lengths, upstream's step is already GPU-only: the fused
 launch saves launches and host µs. Where one reads them, upstream copies the whole request
-pool to the host and blocks on it every step; the fused launch writes ``bs + 2`` values
-instead. FlashInfer then blocks the host again in the same step (its planning copies), so
-there the saving is the copy's µs, not the wait. Read from each release's wheel and held
-to it by ``tests/tools/test_impact.py``.
+pool to the host and blocks on it every step; the fused step copies ``8·n`` bytes up and
+``8·(n + 1)`` down instead - and is SGLang's own until a GPU measures it level
+(``spec_fused/measured.py``). FlashInfer then blocks the host again in the same step (its
+planning copies), so there the saving is the copy's µs, not the wait. Read from each
+release's wheel and held to it by ``tests/tools/test_impact.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from spec_fused.measured import handed_to_sglang
 from spec_fused.releases import parse
 
 __all__ = ["Row", "configuration", "ranged_rows", "release_rows", "render_markdown"]
@@ -83,12 +85,24 @@ class Row:
     notes: list = field(default_factory=list)
 
     @property
-    def verdict(self) -> str:
+    def relayed(self) -> bool:
+        """spec_fused relays it on a GPU by default (``spec_fused/measured.py``)."""
+        return handed_to_sglang("cuda", exact=self.needs_host_lengths) is None
+
+    @property
+    def saving(self) -> str:
+        """What relaying it changes per step."""
         if not self.needs_host_lengths:
             return "nothing that matters: upstream is GPU-only here (2 device ops → 1)"
-        if "flashinfer" in self.backend or any("FlashInfer" in n for n in self.notes):
-            return "the 8·pool-byte D2H copy and 2 device ops; the host still waits later"
-        return "the 8·pool-byte D2H copy and 2 device ops; the host waits for one launch"
+        flashinfer = "flashinfer" in self.backend or any("FlashInfer" in n for n in self.notes)
+        waits = "the host still waits later" if flashinfer else "the host waits for one stream"
+        return f"scatter + gather → 1 launch; 8·pool-byte D2H → 8·n up, 8·(n+1) down; {waits}"
+
+    @property
+    def verdict(self) -> str:
+        if self.relayed:
+            return self.saving
+        return f"nothing by default: SGLang's relay (not measured level); relayed: {self.saving}"
 
 
 def configuration(
@@ -167,17 +181,18 @@ def ranged_rows(releases) -> list[tuple[str, Row]]:
 def render_markdown(ranged: list) -> str:
     """The README's table: per relay step on CUDA, upstream → spec_fused."""
     lines = [
-        "| SGLang | attention backend | algorithm | host lengths | spec_fused saves per step "
-        "| notes |",
-        "|---|---|---|---|---|---|",
+        "| SGLang | attention backend | algorithm | host lengths | relayed | what relaying it "
+        "changes per step | notes |",
+        "|---|---|---|---|---|---|---|",
     ]
     for releases, r in ranged:
         read = "read (upstream: 8·pool-byte copy, sync)" if r.needs_host_lengths else "opted out"
         notes = [
             n if n != FLASHINFER_BLOCKS else "FlashInfer blocks the host later" for n in r.notes
         ]
+        relayed = "yes" if r.relayed else "no: not measured level yet"
         lines.append(
-            f"| {releases} | {r.backend} | {r.algorithm} | {read} | {r.verdict} "
+            f"| {releases} | {r.backend} | {r.algorithm} | {read} | {relayed} | {r.saving} "
             f"| {'; '.join(notes)} |"
         )
     return "\n".join(lines)

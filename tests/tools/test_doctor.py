@@ -112,7 +112,7 @@ def test_the_text_report_has_every_section():
     [
         (("--attention-backend", "fa3", "--speculative-algorithm", "DFLASH"), "nothing that"),
         (("--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE"), "waits later"),
-        (("--attention-backend", "triton", "--enable-two-batch-overlap"), "one launch"),
+        (("--attention-backend", "triton", "--enable-two-batch-overlap"), "one stream"),
     ],
 )
 def test_doctor_answers_for_a_configuration_in_sglangs_own_flags(flags, verdict):
