@@ -4,20 +4,23 @@
 alternate between them (AB in even rounds, BA in odd ones), so the noise between paired
 cells is the machine's over seconds, not an engine start.
 
-**On a GPU** it is a throughput A/B: a Llama-3-8B-shaped target (``load_format="dummy"``,
-no download) with an EAGLE-3 draft (SGLang's auto speculative parameters: top-k 4, so
-FlashInfer on Hopper - host lengths read) and a DFLASH draft (FA3 on Hopper: no host
-lengths), SGLang's default attention backend and CUDA graphs, no CPU stand-ins; concurrency
-1 to 256, at least 4 rounds a cell after one warm-up batch per concurrency. Per cell: each
-arm's tokens/s (median over rounds), B/A as the median of the rounds' paired ratios with
-their min..max band - a band that excludes 1.0 is flagged, either way - and, counted in
-each arm's scheduler for that cell alone, its speculative steps, relay steps, relay
-backend, WAR barrier and host lengths.
+**On a GPU** a throughput A/B sized for the lent GPU image (SGLang 0.5.17 from
+``bench/engine_carry.sh``: no FlashInfer, no FA3): a Llama-3.2-1B-shaped target with dummy
+weights (no download), SGLang's triton attention backend, CUDA graphs, concurrency 1 to 256,
+at least 4 rounds a cell after a warm-up batch. One configuration per relay path: NGRAM
+(host lengths read; spec_fused relays exact host lengths on CUDA only with
+``SPEC_FUSED_UNMEASURED=1``, ``spec_fused/measured.py``: set in both arms, inert in A) and
+EAGLE with a one-layer draft (GPU-only: triton opts out of host lengths). Per cell: each
+arm's tokens/s (median), B/A as the median of the rounds' paired ratios with their min..max
+band (flagged when it excludes 1.0, either way), whether B relayed, and per arm the steps,
+relay steps, relay backend, WAR barrier and host lengths its scheduler counted in the cell.
 
-**On CPU** it is a parity check on a toy model (4 layers, hidden 64) with the e2e tier's
-CPU stand-ins (``tests/e2e``: ``configs.pythonpath()`` and ``SPEC_FUSED_E2E=1``) in
-``.venv-sched``: identical tokens in both arms and the relay engaged on every step of B
-and no step of A. It prints no throughput ratio: a CPU has nothing for the relay to save.
+**On CPU** a parity check on tests/e2e's toy model (NGRAM by default) with the e2e tier's
+stand-ins in ``.venv-sched``: identical tokens in both arms, the relay on every step of B
+and on none of A. No throughput ratio: a CPU has nothing for the relay to save.
+
+Results hold versions (the driver's and the engines'), no local path: the plan names its
+PYTHONPATH relative to the repository and its models by name.
 
     python -m bench.ab_engine                       # CPU parity, or the GPU A/B on CUDA
     python -m bench.ab_engine --device cuda --dry-run   # the GPU plan, as JSON, last line
@@ -26,6 +29,7 @@ and no step of A. It prints no throughput ratio: a CPU has nothing for the relay
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -37,42 +41,35 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PLUGIN_DIR = Path(__file__).resolve().parent / "engine_plugin"  # the counter's entry point
 ARMS = ("A", "B")
 MARK = "AB_ENGINE "  # the worker's protocol lines on stdout; anything else is ignored
-KEPT_MODEL_MODULES = ("llama", "llama_eagle3", "dflash")
-
-LLAMA3_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, head_dim=128)
-LLAMA3_8B.update(intermediate_size=14336, num_hidden_layers=32, hidden_act="silu")
-LLAMA3_8B.update(num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
-LLAMA3_8B.update(rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False)
-LLAMA3_8B.update(torch_dtype="bfloat16", bos_token_id=128000, eos_token_id=128001)
-TOY = dict(LLAMA3_8B, vocab_size=512, hidden_size=64, intermediate_size=128)
-TOY.update(num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-TOY.update(max_position_embeddings=2048, rope_theta=10000.0, bos_token_id=1, eos_token_id=2)
-# the drafts: (architecture, extra config) per shape; SGLang's defaults where it has them
-# (DFLASH's target layers: evenly spread, [1, 8, 15, 22, 29] here). CPU: tests/e2e's toys.
-_EAGLE3 = "LlamaForCausalLMEagle3"
-_AUX = {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
-_TOY_BLOCK = {"block_size": 4, "target_layer_ids": [1, 2], "mask_token_id": 511}
-DRAFTS = {
-    "gpu": {
-        "eagle3": (_EAGLE3, dict(num_hidden_layers=1, draft_vocab_size=32000)),
-        "dflash": ("DFlashDraftModel", dict(num_hidden_layers=5, num_target_layers=32)),
-    },
-    "cpu": {
-        "eagle3": (_EAGLE3, dict(num_hidden_layers=1, draft_vocab_size=512, eagle_config=_AUX)),
-        "dflash": ("DFlashDraftModel", dict(num_hidden_layers=1, num_target_layers=4)),
-    },
+KEPT_MODEL_MODULES = ("llama", "llama_eagle")
+ENGINE_PACKAGES = ("sglang", "sglang-kernel", "flashinfer", "torch", "triton", "transformers")
+# PYTHONPATH of an engine, relative to the repository (then the caller's): the counter's
+# entry point (bench/engine_plugin), the repository; on CPU first the e2e tier's stand-ins
+PYTHONPATH = {
+    "cuda": ["bench/engine_plugin", "."],
+    "cpu": ["tests/e2e/site", "tests/standins", "bench/engine_plugin", "."],
 }
-DRAFTS["gpu"]["dflash"][1]["dflash_config"] = {"block_size": 16, "mask_token_id": 128002}
-DRAFTS["cpu"]["dflash"][1]["dflash_config"] = _TOY_BLOCK
-ALGORITHMS = {"eagle3": "EAGLE3", "dflash": "DFLASH"}
-CPU_SPEC = {  # tests/e2e/configs.py's toy speculation
-    "eagle3": dict(speculative_num_steps=2, speculative_eagle_topk=1, dtype="float32"),
-    "dflash": dict(speculative_num_draft_tokens=4, dtype="bfloat16"),
+# the target and the draft, by name (written into the run's folder): a Llama-3.2-1B shape
+# on a GPU, tests/e2e/models.py's toys on CPU
+LLAMA_1B = dict(model_type="llama", vocab_size=128256, hidden_size=2048, head_dim=64)
+LLAMA_1B.update(intermediate_size=8192, hidden_act="silu", rms_norm_eps=1e-5)
+LLAMA_1B.update(num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
+LLAMA_1B.update(rope_theta=500000.0, tie_word_embeddings=True, torch_dtype="bfloat16")
+LLAMA_1B.update(bos_token_id=128000, eos_token_id=128001)
+MODELS = {"target": ("LlamaForCausalLM", 16, 4), "eagle": ("LlamaForCausalLMEagle", 1, 1)}
+# the configurations, each added to both arms: a chain of 4 draft tokens; NGRAM's exact host
+# lengths are relayed on CUDA only with SPEC_FUSED_UNMEASURED=1 (inert in A)
+_EAGLE = dict(speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1)
+_EAGLE.update(speculative_draft_model_path="eagle", speculative_draft_load_format="dummy")
+_EAGLE.update(speculative_draft_attention_backend="triton", speculative_num_draft_tokens=4)
+_NGRAM = dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4)
+_NGRAM["speculative_ngram_max_bfs_breadth"] = 1
+CONFIGS = {
+    "ngram": {"engine_kwargs": _NGRAM, "env": {"SPEC_FUSED_UNMEASURED": "1"}},
+    "eagle": {"engine_kwargs": _EAGLE, "env": {}},
 }
-CPU_SPEC["eagle3"]["speculative_num_draft_tokens"] = 3
 
 
 def parse_args(argv=None):
@@ -84,7 +81,9 @@ def parse_args(argv=None):
     harness.add_common_args(parser)
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda if visible")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (JSON) and exit")
-    parser.add_argument("--configs", nargs="+", choices=tuple(ALGORITHMS), help="the drafts")
+    parser.add_argument(
+        "--configs", nargs="+", choices=tuple(CONFIGS), help="GPU: both; CPU: ngram"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+")
     parser.add_argument("--rounds", type=int, help="GPU: 4 (at least 4); CPU: 2")
     parser.add_argument("--max-new", type=int, help="tokens per request (GPU 64, CPU 8)")
@@ -97,47 +96,36 @@ def parse_args(argv=None):
 # --------------------------------------------------------------------------- the plan
 
 
-def _e2e_configs():
-    """The e2e tier's ``configs`` module: only ``pythonpath()`` (its CPU stand-ins) is used."""
-    if str(ROOT / "tests" / "e2e") not in sys.path:
-        sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-    import configs  # noqa: E402  (tests/e2e)
-
-    return configs
-
-
-def model_paths(shape: str) -> dict:
-    root = Path(tempfile.gettempdir()) / f"spec_fused_ab_engine_{shape}"
-    return {name: str(root / name) for name in ("target", *DRAFTS[shape])}
-
-
-def model_configs(shape: str) -> dict:
+def model_configs(on_gpu: bool) -> dict:
     """Each model's config.json (the weights are SGLang's dummy loader's)."""
-    base = LLAMA3_8B if shape == "gpu" else TOY
-    archs = {"target": ("LlamaForCausalLM", {}), **DRAFTS[shape]}
+    if not on_gpu and str(ROOT / "tests" / "e2e") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+    if not on_gpu:
+        import models  # the e2e tier's toys (tests/e2e/models.py)
+    base = LLAMA_1B if on_gpu else models.BASE
     return {
-        name: dict(base, architectures=[arch], **extra) for name, (arch, extra) in archs.items()
+        name: dict(base, architectures=[arch], num_hidden_layers=gpu if on_gpu else cpu)
+        for name, (arch, gpu, cpu) in MODELS.items()
     }
 
 
 def plan(device: str, args) -> dict:
     """Everything the run does: per arm its environment and engine arguments (common to
-    every configuration), per configuration what it adds, the grid."""
+    every configuration), per configuration what it adds to both arms, the grid."""
     on_gpu = device == "cuda"
-    shape = "gpu" if on_gpu else "cpu"
-    configs = args.configs or (["eagle3", "dflash"] if on_gpu else ["eagle3"])
-    concurrency = args.concurrency or ([1, 8, 32, 64, 128, 256] if on_gpu else [1, 8])
+    configs = args.configs or (list(CONFIGS) if on_gpu else ["ngram"])
+    concurrency = args.concurrency or ([1, 16, 64, 256] if on_gpu else [1, 8])
     rounds = args.rounds or (4 if on_gpu else 2)
     if on_gpu and rounds < 4:
         raise SystemExit("ab_engine: a GPU A/B needs at least 4 rounds per cell")
     max_new = args.max_new or (64 if on_gpu else 8)
     prompt = 128 if on_gpu else 12
-    paths = model_paths(shape)
     common = {
-        "model_path": paths["target"],
+        "model_path": "target",  # a name: the run's folder holds it
         "load_format": "dummy",
-        "speculative_draft_load_format": "dummy",
         "skip_tokenizer_init": True,
+        "attention_backend": "triton",
+        "sampling_backend": "pytorch",
         "max_running_requests": max(concurrency),
         # fixed, so both arms get the same pools whichever engine started first
         "max_total_tokens": max(4096, max(concurrency) * (prompt + max_new + 64)),
@@ -145,15 +133,15 @@ def plan(device: str, args) -> dict:
         "random_seed": 0,
         "log_level": "warning",
     }
-    env = {"PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), str(ROOT)])}
-    if on_gpu:  # SGLang's defaults otherwise: attention backends, CUDA graphs on
-        common.update(dtype="bfloat16", disable_cuda_graph=False)
-        common["cuda_graph_max_bs_decode"] = max(concurrency)  # every batch served graphed
+    env: dict = {}
+    if on_gpu:  # CUDA graphs for the decode steps (the relay's) at the grid's batch sizes,
+        # none for prefill: a short start-up
+        common.update(dtype="bfloat16", disable_cuda_graph=False, cuda_graph_bs_decode=concurrency)
+        common["disable_prefill_cuda_graph"] = True
     else:  # the e2e tier's CPU engine (tests/e2e/configs.py engine_kwargs)
         common.update(
             device="cpu",
-            attention_backend="triton",
-            sampling_backend="pytorch",
+            dtype="float32",
             disable_cuda_graph=True,
             page_size=1,
             context_length=512,
@@ -161,35 +149,25 @@ def plan(device: str, args) -> dict:
             triton_attention_num_kv_splits=1,
         )
         env.update(
-            PYTHONPATH=_e2e_configs().pythonpath(PLUGIN_DIR, ROOT),
             SPEC_FUSED_E2E="1",  # the e2e plugin's CPU stand-ins (tests/e2e/site)
-            AB_ENGINE_HOST_LENGTHS="1",  # the triton backend reads host lengths (both arms)
             SGLANG_USE_CPU_ENGINE="1",
             TRITON_INTERPRET="1",  # SGLang needs it for one kernel on CPU
             SPEC_FUSED_FORCE_REFERENCE="1",  # the relay's CPU server backend
             OMP_NUM_THREADS="1",
         )
-    per_config = {}
-    for name in configs:
-        extra = {
-            "speculative_algorithm": ALGORITHMS[name],
-            "speculative_draft_model_path": paths[name],
-        }
-        if not on_gpu:  # small fixed speculation; DFLASH's draft runs in bfloat16
-            extra.update(CPU_SPEC[name], speculative_draft_attention_backend="triton")
-        per_config[name] = extra
     return {
         "device": device,
         "mode": "throughput A/B" if on_gpu else "parity check (CPU, toy model)",
+        "pythonpath": PYTHONPATH[device],
         "arms": {
             "A": {"env": dict(env, SPEC_FUSED_DISABLE="1"), "engine_kwargs": common},
             "B": {"env": env, "engine_kwargs": common},
         },
-        "configs": per_config,  # an arm's engine for config c: engine_kwargs | configs[c]
+        # an arm's engine for config c: its engine_kwargs | c's, its env | c's
+        "configs": {name: CONFIGS[name] for name in configs},
         "models": {
-            "shape": "Llama-3-8B" if on_gpu else "toy Llama",
-            "paths": paths,
-            "configs": model_configs(shape),
+            "shape": "Llama-3.2-1B" if on_gpu else "toy Llama",
+            "configs": model_configs(on_gpu),
         },
         "concurrency": concurrency,
         "rounds": rounds,
@@ -202,6 +180,14 @@ def plan(device: str, args) -> dict:
         "kept_model_modules": list(KEPT_MODEL_MODULES),
         "budget_s": args.budget_s,
     }
+
+
+def arm_env(the_plan: dict, name: str, arm: str) -> dict:
+    """What an arm's engine for configuration ``name`` adds to the caller's environment."""
+    paths = [str(ROOT / p) for p in the_plan["pythonpath"]]
+    paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(the_plan["configs"][name]["env"], **the_plan["arms"][arm]["env"])
+    return dict(env, PYTHONPATH=os.pathsep.join(paths))
 
 
 # --------------------------------------------------------------------------- in the scheduler
@@ -217,11 +203,6 @@ def register_counter() -> None:
     adds them, with the scheduler's WAR barrier, to ``get_internal_state``'s answer."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    if os.environ.get("AB_ENGINE_HOST_LENGTHS") == "1":
-        from sglang.srt.layers.attention import triton_backend as tb
-
-        for cls in (tb.TritonAttnBackend, tb.TritonMultiStepDraftBackend):
-            cls.needs_cpu_seq_lens = True
     fm, sched = "sglang.srt.managers.overlap_utils.FutureMap", "sglang.srt.managers.scheduler"
     HookRegistry.register(f"{fm}.resolve_seq_lens_cpu", _count_step, HookType.AROUND)
     HookRegistry.register(f"{sched}.Scheduler.get_internal_state", _report, HookType.AROUND)
@@ -265,11 +246,17 @@ def _requests(n: int, max_new: int, prompt: int, vocab: int):
 
 
 def worker(plan_path: str, name: str, arm: str) -> None:
-    """One engine for one arm, kept alive: serves ``N`` requests at once per stdin line."""
+    """One engine for one arm, kept alive: serves ``N`` requests at once per stdin line.
+    Its models are named in the plan and live in the plan file's folder."""
+    import importlib.metadata
     import pkgutil
 
     the_plan = json.loads(Path(plan_path).read_text())
-    kwargs = dict(the_plan["arms"][arm]["engine_kwargs"], **the_plan["configs"][name])
+    kwargs = dict(the_plan["arms"][arm]["engine_kwargs"])
+    kwargs.update(the_plan["configs"][name]["engine_kwargs"])
+    for key in ("model_path", "speculative_draft_model_path"):
+        if key in kwargs:
+            kwargs[key] = str(Path(plan_path).parent / kwargs[key])
     import sglang
     import sglang.srt.models as models
 
@@ -287,7 +274,11 @@ def worker(plan_path: str, name: str, arm: str) -> None:
     def counts():
         return engine.get_server_info()["internal_states"][0].get("ab_engine") or {}
 
-    say({"ready_s": time.perf_counter() - t0, "counter": bool(counts())})
+    versions = {}
+    for package in ENGINE_PACKAGES:  # the first on sys.path, as an import finds it
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[package] = importlib.metadata.version(package)
+    say({"ready_s": time.perf_counter() - t0, "counter": bool(counts()), "versions": versions})
     try:
         for line in sys.stdin:
             if line.strip() == "quit":
@@ -334,8 +325,11 @@ class Worker:
             prefix=f"ab_engine_{arm}_", suffix=".log", delete=False
         )
         cmd = [python, "-m", "bench.ab_engine", "--worker", plan_path, name, arm]
+        # the caller's environment less whatever could change an arm, then the arm's
         env = {
-            k: v for k, v in os.environ.items() if k not in ("SGLANG_PLUGINS", "SPEC_FUSED_DISABLE")
+            k: v
+            for k, v in os.environ.items()
+            if k != "SGLANG_PLUGINS" and not k.startswith("SPEC_FUSED_")
         } | env
         self.proc = subprocess.Popen(
             cmd,
@@ -351,7 +345,7 @@ class Worker:
     def wait_ready(self) -> float:
         self.ready = self.read()
         if not self.ready["counter"]:
-            raise RuntimeError(f"ab_engine: no counter in {self.name} {self.arm} ({PLUGIN_DIR})")
+            raise RuntimeError(f"ab_engine: no counter in {self.name} {self.arm} (engine_plugin)")
         return round(self.ready["ready_s"], 1)
 
     def read(self) -> dict:
@@ -422,6 +416,7 @@ def summarize(rows: list, on_gpu: bool) -> list:
             s[f"{arm}_host_lengths"] = (
                 "exact" if host == steps and steps else "none" if not host else f"{host}/{steps}"
             )
+            s[f"{arm}_relayed"] = steps > 0 and sum(r["relay_steps"] for r in mine) == steps
             s[f"{arm}_barrier"] = "on" if mine[-1]["war_barrier"] else "off"
             s[f"{arm}_backend"] = mine[-1]["backend"] or "sglang"
             if on_gpu:
@@ -435,7 +430,7 @@ def summarize(rows: list, on_gpu: bool) -> list:
             s["parity"] = (
                 s["same_tokens"] == f"{len(rounds)}/{len(rounds)}"
                 and s["A_relay_steps"].startswith("0/")
-                and s["B_relay_steps"].split("/")[0] == s["B_relay_steps"].split("/")[1] != "0"
+                and s["B_relayed"]
             )
         out.append(s)
     return out
@@ -443,8 +438,8 @@ def summarize(rows: list, on_gpu: bool) -> list:
 
 GPU_COLUMNS = tuple(
     "config concurrency A_tok_s B_tok_s B_over_A band_lo band_hi verdict A_step_ms B_step_ms "
-    "A_relay_steps B_relay_steps B_backend A_barrier B_barrier A_host_lengths B_host_lengths "
-    "same_tokens".split()
+    "B_relayed A_relay_steps B_relay_steps B_backend A_barrier B_barrier A_host_lengths "
+    "B_host_lengths same_tokens".split()
 )
 CPU_COLUMNS = tuple(
     "config concurrency rounds same_tokens A_relay_steps B_relay_steps B_backend A_barrier "
@@ -456,15 +451,15 @@ CPU_LINE = (
 )
 
 
-def probe(python: str, env: dict, on_gpu: bool):
+def probe(python: str, pythonpath: str, on_gpu: bool):
     """Why the engine cannot run from ``python`` here, or None (found, not imported: fast)."""
     mods = ["sgl_kernel", "flashinfer"] if on_gpu else []
     code = "import importlib.util as u, importlib.metadata as m\n"
     code += f"for mod in {mods + ['sglang.srt.entrypoints.engine']}:\n"
     code += "    assert u.find_spec(mod), f'no module {mod!r}'\n"
     code += "assert 'spec_fused' in m.entry_points(group='sglang.srt.plugins').names, "
-    code += "'spec_fused is not pip-installed there: load_plugins() would not load it'"
-    env = dict(os.environ, PYTHONPATH=env["PYTHONPATH"])
+    code += "'no spec_fused entry point there: load_plugins() would not load it'"
+    env = dict(os.environ, PYTHONPATH=pythonpath)
     done = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env)
     lines = done.stderr.strip().splitlines()
     return None if done.returncode == 0 else (lines[-1] if lines else f"rc {done.returncode}")
@@ -487,23 +482,24 @@ def main(argv=None) -> dict:
 
     sched = ROOT / ".venv-sched" / "bin" / "python"
     python = args.python or (str(sched) if not on_gpu and sched.exists() else sys.executable)
-    why = probe(python, the_plan["arms"]["B"]["env"], on_gpu)
+    first = next(iter(the_plan["configs"]))
+    why = probe(python, arm_env(the_plan, first, "B")["PYTHONPATH"], on_gpu)
     if why is not None:
-        hint = "install SGLang with its GPU kernels" if on_gpu else "run scripts/setup_e2e_tier.sh"
+        hint = "install SGLang with its GPU kernels (or bench/engine_spike.md's carry)"
+        hint = hint if on_gpu else "run scripts/setup_e2e_tier.sh"
         print(f"ab_engine: skipped: {python} cannot run SGLang's engine here ({why}); {hint}")
         return {}
     if not on_gpu:
         print(CPU_LINE)
+    run_dir = tempfile.TemporaryDirectory(prefix="ab_engine_")  # the plan and the models
+    plan_path = Path(run_dir.name) / "plan.json"
+    plan_path.write_text(json.dumps(the_plan))
     for name, config in the_plan["models"]["configs"].items():
-        path = Path(the_plan["models"]["paths"][name])
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(config, indent=1))
-    plan_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-    plan_file.write(json.dumps(the_plan))
-    plan_file.close()
+        (Path(run_dir.name) / name).mkdir()
+        (Path(run_dir.name) / name / "config.json").write_text(json.dumps(config, indent=1))
     out_dir = harness.results_dir(torch.device(device), args.out)
     t0 = last = time.perf_counter()
-    rows, skipped, starts, took = [], [], {}, 0.0
+    rows, skipped, starts, took, engine_versions = [], [], {}, 0.0, {}
     for name in the_plan["configs"]:
         if args.budget_s and time.perf_counter() - t0 + took > args.budget_s:
             skipped.append(name)  # the last configuration's time would overrun the budget
@@ -512,12 +508,13 @@ def main(argv=None) -> dict:
         workers = {}
         try:
             for arm in ARMS:  # GPU: one after the other, the second sizes itself beside
-                env = the_plan["arms"][arm]["env"]  # the first; CPU: both at once
-                workers[arm] = Worker(python, plan_file.name, name, arm, env)
+                env = arm_env(the_plan, name, arm)  # the first; CPU: both at once
+                workers[arm] = Worker(python, str(plan_path), name, arm, env)
                 if on_gpu:
                     starts[f"{name} {arm}"] = workers[arm].wait_ready()
             for arm in ARMS if not on_gpu else ():
                 starts[f"{name} {arm}"] = workers[arm].wait_ready()
+            engine_versions = workers["B"].ready["versions"]  # one interpreter for both arms
             for conc in the_plan["concurrency"] if the_plan["warmup"] else ():  # warm-up
                 for arm in ARMS:
                     workers[arm].serve(conc)
@@ -534,12 +531,13 @@ def main(argv=None) -> dict:
         took, last = time.perf_counter() - last, time.perf_counter()
         partial = {"plan": the_plan, "runs": rows, "partial": True}  # kept if a timeout hits
         harness.write_json(out_dir / "ab_engine.json", partial)
-    os.unlink(plan_file.name)
+    run_dir.cleanup()
     summary = summarize(rows, on_gpu)
     payload = {
         "benchmark": "ab_engine",
         "device": harness.device_name(torch.device(device)),
-        "versions": harness.versions(torch.device(device)),
+        "versions": harness.versions(torch.device(device)),  # the driver's
+        "engine_versions": engine_versions,  # what the engines imported
         "plan": the_plan,
         "config": {
             "wall_s": round(time.perf_counter() - t0, 1),
