@@ -3,10 +3,11 @@
 #
 # Why: the GPU machine reaches no registry. Its image has torch, triton, pytest,
 # hypothesis, matplotlib, requests, aiohttp, psutil and tqdm (Python 3.12), but not SGLang
-# nor the few small packages that make sglang.srt.managers.overlap_utils import, nor
-# pytest-benchmark (the kernel microbenchmarks) and pygal (their histogram). These
-# wheels (about 45 MB) travel with the working tree: name .whl in the device call's
+# nor the few small packages that make sglang.srt.managers.overlap_utils import. These
+# wheels (about 40 MB) travel with the working tree: name .whl in the device call's
 # `carry`; bench/gpu_check.sh installs them into /tmp/site when .whl/ is there.
+# Not for the engine A/B on the GPU image: that needs SGLang 0.5.17 with its kernels, carried
+# in a call of its own (bench/engine_carry.sh: 41 MiB, unpacked into /tmp/engine-site).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER="${GPU_PYTHON_VERSION:-3.12}"
@@ -17,7 +18,6 @@ PACKAGES=(
   pydantic pydantic-core typing-inspection annotated-types
   ipython ipython-pygments-lexers jedi parso traitlets decorator matplotlib-inline pexpect
   ptyprocess prompt_toolkit wcwidth stack_data asttokens executing pure-eval
-  pytest-benchmark py-cpuinfo pygal pygaljs
 )
 PLATFORMS=()
 for n in 34 28 27 26 17 5; do PLATFORMS+=(--platform "manylinux_2_${n}_x86_64"); done
