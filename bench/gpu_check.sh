@@ -12,8 +12,9 @@
 #
 # Exit status: 0 when every stage succeeded. A GPU run in which no GPU test ran, or the
 # selftest failed, fails. Without a visible CUDA device it refuses (exit 3) unless
-# --dry-run, which runs every stage's CPU version (CUDA hidden, TRITON_INTERPRET=1): the
-# selftest --quick, the probe's and the loop A/B's --dry-run (their plans, every variant
+# --dry-run, which runs every stage's CPU version (CUDA hidden, TRITON_INTERPRET=1; both
+# calls' stages unless --check or --ab-loop picks one): the selftest --quick, the GPU
+# tests' collection, the probe's and the loop A/B's --dry-run (their plans, every variant
 # and arm checked on CPU), so the script itself is proven on CPU.
 # Files written into OUTDIR (the device tool brings back 8 at most, 2 folders deep):
 #   env.txt        nvidia-smi, versions, stage exit codes and wall times, GPU test counts
@@ -26,22 +27,24 @@ set -uo pipefail
 
 usage() {
   cat <<'EOF'
-usage: bash bench/gpu_check.sh OUTDIR [--ab-loop | --all] [--dry-run]
+usage: bash bench/gpu_check.sh OUTDIR [--check | --ab-loop | --all] [--dry-run]
 
-Default: env + `spec-fused selftest` + `pytest -m gpu tests/test_gpu.py` + bench/probe.py
-(about 4-6 minutes on a GPU). --ab-loop: env + bench/ab_loop.py only (about 4-5 minutes).
---all: both (over 10 minutes on a GPU: more than one device command may run). Results into
-OUTDIR. --dry-run: the CPU versions of the same stages (CUDA hidden, Triton interpreter).
+--check (the default on a GPU): env + `spec-fused selftest` + `pytest -m gpu
+tests/test_gpu.py` + bench/probe.py (about 4-6 minutes). --ab-loop: env + bench/ab_loop.py
+only (about 4-5 minutes). --all: both (the default of --dry-run; over 10 minutes on a GPU,
+more than one device command allows). Results into OUTDIR. --dry-run: the CPU versions of
+the same stages (CUDA hidden, Triton interpreter).
 Stage limits (seconds): SELFTEST_TIMEOUT [150], TESTS_TIMEOUT [150], PROBE_BUDGET [150]
 (+30 to exit), AB_LOOP_BUDGET [240] (+40). PYTHON [python3]. Carried wheels in .whl/
 (bench/fetch_gpu_wheels.sh) are installed into /tmp/site first.
 EOF
 }
 
-OUTDIR="" DRY_RUN=0 PART=check
+OUTDIR="" DRY_RUN=0 PART=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
+    --check) PART=check ;;
     --ab-loop) PART=ab_loop ;;
     --all) PART=all ;;
     -h|--help) usage; exit 0 ;;
@@ -50,6 +53,7 @@ for arg in "$@"; do
   esac
 done
 [[ -z $OUTDIR ]] && { usage >&2; exit 2; }
+[[ -z $PART ]] && { (( DRY_RUN )) && PART=all || PART=check; }
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}

@@ -26,28 +26,29 @@ def _run(*args, env=None):
     )
 
 
-def test_call_one_runs_the_selftest_the_gpu_tests_and_the_probe(tmp_path):
+def test_the_dry_run_runs_every_stage_and_writes_what_a_gpu_run_writes(tmp_path):
     done = _run(str(tmp_path), "--dry-run")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     env = (tmp_path / "env.txt").read_text()
-    for stage in ("selftest", "gpu_tests", "probe"):
+    for stage in ("selftest", "gpu_tests", "probe", "ab_loop"):
         assert f"{stage}: rc=0 " in env, env
     assert "gpu_tests: 0 passed, 0 failed" in env  # collected, every one skipped on a CPU
     selftest = json.loads((tmp_path / "selftest.json").read_text())
     assert selftest["ok"] and "measured no GPU" in selftest["verdict"]
     probe = json.loads((tmp_path / "probe.json").read_text())
     assert probe["dry_run"] is True and probe["rows"] and all(r["ok"] for r in probe["rows"])
-    assert not (tmp_path / "ab_loop.json").exists()  # call 2's
+    ab_loop = json.loads((tmp_path / "ab_loop.json").read_text())
+    assert ab_loop["dry_run"] is True and ab_loop["rows"]
     assert len(list(tmp_path.iterdir())) <= 8  # what the device tool brings back
 
 
-def test_call_two_runs_the_loop_ab_alone(tmp_path):
+def test_the_second_device_call_runs_the_loop_ab_alone(tmp_path):
+    """Call 1 (selftest, GPU tests, probe) and call 2 (the A/B) each fit one command."""
     done = _run(str(tmp_path), "--ab-loop", "--dry-run")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     env = (tmp_path / "env.txt").read_text()
     assert "ab_loop: rc=0 " in env and "probe:" not in env and "selftest:" not in env
-    data = json.loads((tmp_path / "ab_loop.json").read_text())
-    assert data["dry_run"] is True and data["rows"]
+    assert (tmp_path / "ab_loop.json").exists() and not (tmp_path / "probe.json").exists()
 
 
 def test_without_a_gpu_it_refuses_to_pass_for_a_gpu_check(tmp_path):
