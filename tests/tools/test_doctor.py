@@ -134,6 +134,19 @@ def test_a_rocm_gpu_is_left_to_sglang_with_a_row_saying_why(monkeypatch):
     assert doctor.relay_summary("xpu").startswith("SGLang's own: xpu")
 
 
+def test_a_cuda_row_says_which_steps_are_sglangs_until_a_gpu_measures_them(monkeypatch):
+    """Exact host lengths on CUDA are handed to SGLang (spec_fused/measured.py): the row
+    says so and why; the override makes them the relay's; the host is always relayed."""
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.delenv("SPEC_FUSED_UNMEASURED", raising=False)
+    row = doctor.relay_summary("cuda:0")
+    assert row.startswith("fused relay where no backend reads host lengths; where one does, ")
+    assert "SGLang's: exact host lengths on a GPU" in row and "SPEC_FUSED_UNMEASURED=1" in row
+    assert doctor.relay_summary("cpu") == "fused relay"
+    monkeypatch.setenv("SPEC_FUSED_UNMEASURED", "1")
+    assert doctor.relay_summary("cuda:0") == "fused relay"
+
+
 def test_a_broken_probe_is_reported_not_raised(monkeypatch):
     def broken():
         raise RuntimeError("driver wedged")
