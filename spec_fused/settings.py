@@ -58,8 +58,8 @@ HOST_SEQ_LENS = Setting(
 DEBUG = Setting(
     "SPEC_FUSED_DEBUG",
     "",
-    "1: consume-once poisoning, index validation, strict stamp checks (also on under "
-    "SGLang's SGLANG_IS_IN_CI where its FutureMap poisons too)",
+    "1: consume-once poisoning and index validation, host indices held to future_indices "
+    "(also on under SGLang's SGLANG_IS_IN_CI where its FutureMap poisons too)",
 )
 FORCE_REFERENCE = Setting(
     "SPEC_FUSED_FORCE_REFERENCE", "", "1: the plain-torch reference instead of the Triton kernel"

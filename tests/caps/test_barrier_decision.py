@@ -110,9 +110,9 @@ def test_traces_under_the_filed_caps_match_upstream(
 def test_a_sticky_fault_while_deciding_the_barrier_escapes_naming_spec_fused(
     scheduler_cls, monkeypatch
 ):
-    """Setting the barrier reads the capabilities and may allocate the pinned host ring:
-    a dead CUDA context there must not be logged as "no capabilities" and left for the
-    next CUDA call to blame on SGLang."""
+    """Setting the barrier reads the capabilities (and may hand a relay back, landing what
+    is pending): a dead CUDA context there must not be logged as "no capabilities" and
+    left for the next CUDA call to blame on SGLang."""
     from spec_fused import relay as relay_mod
     from spec_fused.tools.traces import TraceConfig, make_future_map
 
