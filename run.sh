@@ -7,8 +7,8 @@
 #                           light tier (kernels under the Triton interpreter, the real
 #                           SGLang 0.5.23 FutureMap) and, unless
 #                           --fast, the compat tier: every supported SGLang release
-#                           (spec_fused/releases.py), its FutureMap and its real Scheduler;
-#                           then the e2e tier: the real sglang.Engine on CPU, plugin vs not.
+#                           (spec_fused/releases.py), its FutureMap and its real Scheduler,
+#                           beside the e2e tier: the real sglang.Engine on CPU, plugin vs not.
 #   ./run.sh test --e2e     set up, then the e2e tier alone (tests/e2e, .venv-sched)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -74,10 +74,24 @@ case "$cmd" in
     export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-full}"
     echo "== light tier (.venv, SGLang 0.5.23)"
     .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e tests "$@"
-    echo "== compat tier: every supported SGLang release, light + scheduler (.venv, .venv-sched)"
-    SPEC_FUSED_HYPOTHESIS_PROFILE=compat .venv/bin/python scripts/compat_tier.py
-    echo "== e2e tier: the real sglang.Engine on CPU, SGLang 0.5.23 (.venv-sched)"
-    .venv-sched/bin/python -m pytest -q -s -m e2e -p no:cacheprovider tests/e2e
+    # The compat tier (one pytest at a time, one core) and the e2e tier (an engine's
+    # scheduler process beside its driver) side by side: they share no file they write
+    # (overlays go to .compat/, engines to temporary folders). Their logs follow in order.
+    echo "== compat tier and e2e tier, side by side (their logs follow when both are done)"
+    tier_logs="$(mktemp -d)"
+    SPEC_FUSED_HYPOTHESIS_PROFILE=compat .venv/bin/python scripts/compat_tier.py \
+      >"$tier_logs/compat" 2>&1 & compat=$!
+    .venv-sched/bin/python -m pytest -q -s -m e2e -p no:cacheprovider tests/e2e \
+      >"$tier_logs/e2e" 2>&1 & e2e=$!
+    compat_rc=0 e2e_rc=0
+    wait "$compat" || compat_rc=$?
+    wait "$e2e" || e2e_rc=$?
+    echo "== compat tier: every supported SGLang release, light + scheduler (.venv, .venv-sched): rc $compat_rc"
+    cat "$tier_logs/compat"
+    echo "== e2e tier: the real sglang.Engine on CPU, SGLang 0.5.23 (.venv-sched): rc $e2e_rc"
+    cat "$tier_logs/e2e"
+    rm -rf "$tier_logs"
+    if [ "$compat_rc" != 0 ] || [ "$e2e_rc" != 0 ]; then exit 1; fi
     ;;
   *)
     echo "usage: ./run.sh bench [--quick|--full ...] | ./run.sh test [--fast|--e2e]" >&2
