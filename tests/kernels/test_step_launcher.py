@@ -366,6 +366,7 @@ def test_a_rebound_launcher_keeps_its_backend_and_launches_into_the_new_buffer(b
     """FutureMap may swap its buffer (``_adopt_relay``): the same launcher, the same backend,
     every later step into the new buffer."""
     old, new = torch.zeros(16, dtype=torch.int64), torch.arange(16, dtype=torch.int64) * 10
+    new[0] = 10**6  # a buffer holds lengths, not slots: any value is a buffer's to hold
     pg = StepLauncher(old, backend=backend)
     pg.launch_checked(torch.tensor([1]), torch.tensor([2]), torch.tensor([5]), False)
     pg.rebind(new)
@@ -405,6 +406,23 @@ def _recording_pin_memory(monkeypatch, factory: str) -> list:
 
     monkeypatch.setattr(torch, factory, allocate)
     return asked
+
+
+def test_on_cuda_the_staged_indices_go_up_into_the_launchers_own_device_copy():
+    """Host staging first (host work only), then one copy up into a device buffer of the
+    launcher's, on the buffer's device: the launch gathers by that, never by host memory.
+    (A CPU launcher pretends to be on CUDA; a ``meta`` buffer stands for a device.)"""
+    pg = _pretend_cuda(StepLauncher(_buf(), backend="reference", pinned=False))
+    host = torch.tensor([5, 1, 2])
+    staged = pg.stage_host_indices(host, host)
+    gi = pg.upload_host_indices(staged)
+    assert gi.tolist() == [5, 1, 2] and gi.data_ptr() != staged.data_ptr()
+    assert gi.data_ptr() == pg._staging[1].data_ptr()
+    assert pg.launch(gi, None, None, True).tolist() == [105, 101, 102, 308]
+    meta = torch.zeros(8, dtype=torch.int64, device="meta")
+    on_meta = _pretend_cuda(StepLauncher(meta, backend="reference", pinned=False))
+    on_meta.stage_host_indices(host, host)
+    assert [t.device.type for t in on_meta._staging] == ["cpu", "meta"]
 
 
 @pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "confidential computing"])

@@ -402,6 +402,17 @@ def test_a_settled_int32_publish_lands_in_the_int64_buffer(caplog):
     assert fm.new_seq_lens_buf[[2, 5]].tolist() == [21, 51]
 
 
+def test_a_publish_lands_quietly_after_its_future_map_is_gone(caplog):
+    """Nothing is left to record ``publish_ready`` on: the values land, nothing is said."""
+    relay, fm, ops = direct_relay(EXACT, ops=None)
+    relay.pending = (torch.tensor([3]), torch.tensor([30]))
+    relay.future_map_ref = lambda: None
+    with caplog.at_level(logging.WARNING, logger="spec_fused"):
+        relay.land_with_torch()
+    assert relay.pending is None and not messages(caplog)
+    assert fm.new_seq_lens_buf[3] == 30
+
+
 def test_a_publish_that_cannot_land_is_dropped_with_one_line_per_kind(caplog):
     relay, fm, ops = direct_relay(EXACT, ops=None)
     with caplog.at_level(logging.WARNING, logger="spec_fused"):

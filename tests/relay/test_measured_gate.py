@@ -116,7 +116,18 @@ def test_capabilities_that_later_make_a_relay_exact_hand_it_back_landing_what_is
     assert fm.__dict__[relay_mod.DISABLED_ATTR] is relay
     assert relay.pending is None and fm.__dict__["new_seq_lens_buf"][[1, 2]].tolist() == [10, 20]
     assert relay.disabled_reason == measured.handed_to_sglang("cuda", True)
-    assert [m for m in messages(caplog) if "SGLang's relay runs" in m]
+    assert [m for m in messages(caplog) if "SGLang's relay runs" in m] == [
+        f"spec_fused: {relay.disabled_reason}: SGLang's relay runs"
+    ]
+
+
+def test_capabilities_for_a_future_map_that_is_gone_are_adopted_quietly(on_cuda):
+    """Nothing is left to hand back: the relay takes the claims and changes nothing else."""
+    fm = on_cuda(needs_cpu=False)
+    relay = relay_mod.FusedRelay(fm, relay_mod.future_map_caps(fm), debug=False)
+    relay.future_map_ref = lambda: None
+    relay.set_caps(SpecCaps(True, "exact", "a worker's claim", host_word="worker"))
+    assert relay.exact_claimed and relay.disabled_reason is None
 
 
 def test_capabilities_that_keep_a_relay_gpu_only_keep_it(on_cuda):
