@@ -160,8 +160,7 @@ def est_cell_s(args, bs: int, exact: bool, steps: int) -> float:  # H100 rooflin
 def make_row(args, bs, exact, samples=None, steps=None, skipped=None) -> dict:
     """One cell's row; ``relayed``: spec_fused relays it on CUDA by default (no UNMEASURED)."""
     got, med, (label, _, arms) = samples or {}, harness.median, CONFIGS[exact]
-    with settings.overridden({settings.UNMEASURED.name: ""}):
-        relayed = measured.handed_to_sglang(torch.device("cuda"), exact) is None
+    relayed = measured.handed_to_sglang(torch.device("cuda"), exact, env={}) is None
     r = {x: [s[0] / a[0] for s, a in zip(got[x], got["A"])] for x in "BC" if x in got}
     mid = {x: med(r[x]) if x in r else None for x in "BC"}
     band = {x: [min(r[x]), max(r[x])] if x in r else None for x in "BC"}

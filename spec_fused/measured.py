@@ -35,12 +35,13 @@ NOT_MEASURED_LEVEL = {
 }
 
 
-def handed_to_sglang(device, exact: bool) -> Optional[str]:
+def handed_to_sglang(device, exact: bool, env=None) -> Optional[str]:
     """Why a FutureMap on ``device`` whose steps give exact host lengths (or not) keeps
-    SGLang's relay, or None where spec_fused relays it. The CPU is not gated: there the
-    relay is the tested reference of every tier, not a speed claim."""
+    SGLang's relay, or None where spec_fused relays it; ``env`` as ``settings`` reads it
+    (``{}``: the default, whatever is exported). The CPU is not gated: there
+    ``bench/host_overhead.py`` measures the relay at SGLang's host time or below."""
     kind = torch.device(device).type
     why = NOT_MEASURED_LEVEL.get((kind, bool(exact)))
-    if why is None or settings.UNMEASURED.on():
+    if why is None or settings.UNMEASURED.on(env):
         return None
     return f"{why}; {settings.UNMEASURED.name}=1 relays it anyway"

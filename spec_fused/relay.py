@@ -8,17 +8,15 @@
 * exact host lengths: a private stream gated on ``publish_ready`` only - as upstream's
   own copy stream is - takes the batch's host indices up, launches, and brings the row
   ``[*lens, sum]`` down: ``8·(n + 1)`` bytes instead of upstream's ``8·pool``. The host
-  waits for that stream alone, never for the schedule stream (and its WAR barrier, which
-  in 0.5.15-0.5.18, and for EAGLE's draft-extend read-done in 0.5.23, lies past the
-  publish); the device ``future_indices`` a filtered batch made on the schedule stream are
-  never read there.
+  waits for that stream alone, never for the schedule stream's WAR barrier (past the
+  publish in 0.5.15-0.5.18, and for EAGLE in 0.5.23): the device ``future_indices`` a
+  filtered batch makes there are never read.
 
 A publish still pending when anything else reads ``new_seq_lens_buf`` lands first
 (:meth:`FusedRelay.land_pending`). A failing kernel steps down to the torch reference; a
 failing reference hands the FutureMap back to SGLang; a sticky device fault escapes
-(:func:`step_failed`). Where no GPU run has measured a configuration level with SGLang's,
-SGLang's relay runs it (:mod:`spec_fused.measured`). Every CUDA call goes through
-:mod:`spec_fused.cuda_ops`.
+(:func:`step_failed`). What no GPU run measured level with SGLang's is SGLang's own
+(:mod:`spec_fused.measured`). Every CUDA call goes through :mod:`spec_fused.cuda_ops`.
 """
 
 from __future__ import annotations
@@ -84,6 +82,14 @@ def gives_host_lengths(caps: SpecCaps, fm) -> bool:
     return caps.exact_claimed or (caps.host_seq_lens == "exact" and bool(fm.needs_cpu_seq_lens))
 
 
+def kept_by_sglang(caps: SpecCaps, fm) -> Optional[str]:
+    """Why SGLang's relay keeps ``fm`` under ``caps`` (``measured.py``), logged once."""
+    why = handed_to_sglang(fm.__dict__[BUF_ATTR].device, gives_host_lengths(caps, fm))
+    if why is not None:
+        log_once(("unmeasured", why), "%s: SGLang's relay runs", why, level=logging.INFO)
+    return why
+
+
 class FusedRelay:
     """Per-FutureMap state: the pending publish, the launcher, the chosen variant. A
     consumed publish is held one more step (``landed``): read on another stream, its
@@ -129,10 +135,9 @@ class FusedRelay:
         make a configuration no GPU measured level, SGLang's relay takes the FutureMap."""
         self._adopt(caps)
         fm = self.future_map_ref()
-        why = None if fm is None else handed_to_sglang(self.device, gives_host_lengths(caps, fm))
-        if why is not None and fm.__dict__.get(RELAY_ATTR) is self:
-            log_once(("unmeasured", why), "%s: SGLang's relay runs", why, level=logging.INFO)
-            self.retire(fm, why)
+        if fm is not None and fm.__dict__.get(RELAY_ATTR) is self:
+            if (why := kept_by_sglang(caps, fm)) is not None:
+                self.retire(fm, why)
 
     def retire(self, fm, reason: str) -> None:
         """Hand ``fm`` back to SGLang for good: what is pending lands with plain torch (what
@@ -141,9 +146,6 @@ class FusedRelay:
         self.disabled_reason = reason
         fm.__dict__[RELAY_ATTR] = None
         fm.__dict__[DISABLED_ATTR] = self
-
-    def gives_host_lengths(self, fm) -> bool:
-        return gives_host_lengths(self.caps, fm)
 
     def step_name(self, what: str) -> str:
         """Which step a failure surfaced in, for the one line that names it."""
@@ -363,9 +365,7 @@ def relay_for(fm) -> Optional[FusedRelay]:
             )
             return None
         caps = d.get(CAPS_ATTR) or future_map_caps(fm)
-        why = handed_to_sglang(d[BUF_ATTR].device, gives_host_lengths(caps, fm))
-        if why is not None:
-            log_once(("unmeasured", why), "%s: SGLang's relay runs", why, level=logging.INFO)
+        if kept_by_sglang(caps, fm) is not None:
             return None
         debug = debug_enabled()
         relay = FusedRelay(fm, caps, debug=debug)

@@ -73,7 +73,7 @@ def _no_sync(device):
 def _trace(algorithm: str, needs_cpu: bool, seed: int, device, quick: bool) -> dict:
     """One random trace through the patched FutureMap, then through SGLang's own."""
     from spec_fused.integration import sglang_patch
-    from spec_fused.relay import relay_for
+    from spec_fused.relay import gives_host_lengths, relay_for
     from spec_fused.tools.traces import TraceConfig, make_future_map, run_trace
 
     cfg = TraceConfig(
@@ -92,7 +92,7 @@ def _trace(algorithm: str, needs_cpu: bool, seed: int, device, quick: bool) -> d
             relay = relay_for(fm)
         if relay is None:
             return case | {"ok": False, "why": "the relay did not engage (see the log)"}
-        exact = relay.gives_host_lengths(fm)
+        exact = gives_host_lengths(relay.caps, fm)
         relayed = relayed_by_default(device, exact)
         case |= {"variant": relay.variant, "backend": relay.launcher.backend, "relayed": relayed}
         try:
@@ -126,7 +126,7 @@ def relay_arms(device, pool: int, batch: int, needs_cpu: bool, clock: timing.Clo
     the torch reference. ``check()`` runs one step on a poisoned buffer and raises unless it
     resolves the published lengths (and host lengths, where the arm gives them)."""
     from spec_fused.integration import sglang_patch
-    from spec_fused.relay import relay_for
+    from spec_fused.relay import gives_host_lengths, relay_for
     from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
 
     idx, vals = slots(device, pool, batch)
@@ -140,7 +140,7 @@ def relay_arms(device, pool: int, batch: int, needs_cpu: bool, clock: timing.Clo
         if relay is not None and device.type == "cpu":
             relay.launcher.backend = "reference"
         if relay is not None:
-            exact = relay.gives_host_lengths(fm)
+            exact = gives_host_lengths(relay.caps, fm)
         elif name == "spec_fused":
             raise RuntimeError("spec_fused did not relay the timed FutureMap (see the log)")
         if getattr(fm, "fwd_prepare_d2h_stream", None) is not None:
@@ -169,8 +169,7 @@ def relayed_by_default(device, exact: bool) -> bool:
     """spec_fused relays this by default (``SPEC_FUSED_UNMEASURED`` unset)."""
     from spec_fused.measured import handed_to_sglang
 
-    with settings.overridden({settings.UNMEASURED.name: ""}):
-        return handed_to_sglang(device, exact) is None
+    return handed_to_sglang(device, exact, env={}) is None
 
 
 def _speed(device, quick: bool) -> list:

@@ -145,7 +145,7 @@ def test_an_explicit_exact_claim_gives_the_batch_host_lengths_on_opted_out_backe
     caps = relay_mod.future_map_caps(fm, worker=worker)
     assert caps.host_seq_lens == "exact" and caps.exact_claimed
     relay = relay_mod.FusedRelay(fm, caps, debug=False, ops=None)
-    assert relay.gives_host_lengths(fm)
+    assert relay_mod.gives_host_lengths(relay.caps, fm)
     relay.publish(fm, torch.tensor([3, 5, 7]), torch.tensor([11, 4, 9]))
     batch = decode_batch([7, 3], CFG)
     relay.resolve(fm, batch)
@@ -157,7 +157,7 @@ def test_no_claim_on_opted_out_backends_gives_the_batch_no_host_lengths(monkeypa
     monkeypatch.delenv("SPEC_FUSED_HOST_SEQ_LENS", raising=False)
     fm = make_future_map("EAGLE", CFG, needs_cpu_seq_lens=False)
     relay = relay_mod.FusedRelay(fm, relay_mod.future_map_caps(fm), debug=False, ops=None)
-    assert not relay.gives_host_lengths(fm)
+    assert not relay_mod.gives_host_lengths(relay.caps, fm)
     relay.publish(fm, torch.tensor([3, 7]), torch.tensor([11, 9]))
     batch = decode_batch([7, 3], CFG)
     relay.resolve(fm, batch)
@@ -181,7 +181,7 @@ def test_unclaimed_exact_host_lengths_follow_upstreams_flag(algo, needs_cpu, giv
     caps = relay_mod.future_map_caps(fm)
     assert (caps.host_seq_lens == "exact") is gives
     relay = relay_mod.FusedRelay(fm, caps, debug=False, ops=None)
-    assert relay.gives_host_lengths(fm) is gives
+    assert relay_mod.gives_host_lengths(relay.caps, fm) is gives
     relay.publish(fm, torch.tensor([2]), torch.tensor([6]))
     batch = decode_batch([2], CFG)
     relay.resolve(fm, batch)
