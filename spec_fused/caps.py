@@ -18,13 +18,17 @@ writes (0.5.14's ``verify_done``; no release since); host lengths are exact wher
 FutureMap's own ``needs_cpu_seq_lens`` says so (every release folds the attention
 backends, two-batch overlap and NGRAM into it), and an explicit ``"exact"`` stands where
 it does not. A declaration that would take host lengths away where upstream gives them
-is refused, and the refusal recorded.
+is refused, and the refusal recorded - except ``"reserved"`` where the scheduler found a
+:class:`HostBound`: every backend that reads host lengths plans from the worker's own
+upper bound safely (DFLASH on FlashInfer fa2, ``integration/flashinfer_plan.py``). Then
+the step gives no host lengths and nothing waits for them; a batch the bound does not
+cover (not a graphed decode) is SGLang's, step by step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Literal, Optional, cast
 
 from spec_fused import settings, upstream
@@ -33,7 +37,46 @@ HostSeqLens = Literal["exact", "reserved", "none"]
 HOST_SEQ_LENS_VALUES = ("exact", "reserved", "none")
 Variant = Literal["barrier_free", "war_guarded"]
 
-__all__ = ["SpecCaps", "caps_for", "decide", "describe", "register_caps", "select_variant"]
+__all__ = [
+    "HostBound",
+    "SpecCaps",
+    "caps_for",
+    "decide",
+    "describe",
+    "register_caps",
+    "select_variant",
+]
+
+
+@dataclass(frozen=True)
+class HostBound:
+    """The worker plans host-length readers from its own upper bound, and every such reader
+    accepts one: ``why``, the largest batch whose verify is graphed (planned from host
+    lengths with no readback), and the verify window the bound must cover beyond the
+    committed length (the debug check)."""
+
+    why: str
+    max_bs: int
+    window: int
+    arm: Callable[[], None] = field(default=lambda: None, compare=False)  # what it needs first
+
+    def covers(self, batch) -> bool:
+        """A graphed decode step: anything else (a mixed chunk, a batch above the largest
+        graph, whose stock plan reads the device anyway) is SGLang's step."""
+        mode = getattr(batch, "forward_mode", None)
+        n = len(getattr(batch, "req_pool_indices_cpu", None) or ())
+        return mode is not None and mode.is_decode() and 0 < n <= self.max_bs
+
+    def check(self, batch, lens) -> None:
+        """Debug mode (a sync): the bound covers every request's verify, by name."""
+        bound = batch.spec_info.nxt_kv_lens_cpu
+        need = lens.cpu() + self.window
+        for i in (need > bound[: need.shape[0]]).nonzero().flatten().tolist():
+            rid = getattr(batch.reqs[i], "rid", i) if getattr(batch, "reqs", None) else i
+            raise AssertionError(
+                f"request {rid}: host bound {int(bound[i])} < device length "
+                f"{int(need[i]) - self.window} + verify window {self.window}"
+            )
 
 
 @dataclass(frozen=True)
@@ -47,6 +90,7 @@ class SpecCaps:
     own_barrier: bool = False  # the barrier claim is a worker's, plugin's or the env's word
     host_word: str = ""  # who claimed host lengths explicitly (a worker, a plugin, the env)
     refused: tuple = ()  # declarations that were not applied, each with why
+    bound: Optional[HostBound] = None  # "reserved" where a backend reads host lengths
 
     def __post_init__(self):
         if self.host_seq_lens not in HOST_SEQ_LENS_VALUES:
@@ -173,10 +217,12 @@ def decide(
     needs_cpu_seq_lens: bool,
     worker=None,
     env: Optional[Mapping[str, str]] = None,
+    host_bound: HostBound | str | None = None,
 ) -> SpecCaps:
     """What production runs for a FutureMap whose ``needs_cpu_seq_lens`` is as given:
     :func:`caps_for` held to the installed release (see the module docstring). The
-    scheduler patch, the relay, the benchmarks and ``doctor`` all decide here."""
+    scheduler patch, the relay, the benchmarks and ``doctor`` all decide here.
+    ``host_bound``: what the scheduler found of a worker's own bound (or why none)."""
     declared = caps = caps_for(algorithm, worker=worker, env=env)
     name = algorithm_name(algorithm)
     if not caps.needs_war_barrier and not caps.own_barrier:
@@ -186,8 +232,16 @@ def decide(
                 "req_to_token writes (no verify_done)",
                 needs_war_barrier=True,
             )
-    if caps.host_seq_lens != "exact" and needs_cpu_seq_lens:
+    if (
+        caps.host_seq_lens == "reserved"
+        and needs_cpu_seq_lens
+        and isinstance(host_bound, HostBound)
+    ):
+        caps = caps.because(f"reserved host lengths: {host_bound.why}", bound=host_bound)
+    elif caps.host_seq_lens != "exact" and needs_cpu_seq_lens:
         why = "an attention backend reads host lengths (needs_cpu_seq_lens)"
+        if isinstance(host_bound, str) and caps.host_seq_lens == "reserved":
+            why += f", and no bound serves it ({host_bound})"
         refused = (f"{declared.host_word} for {name}: {why}",) if declared.host_word else ()
         caps = caps.because(
             f"exact host lengths: {why}",

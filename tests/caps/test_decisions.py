@@ -13,7 +13,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from support.upstream_rules import expected_barrier, expected_host, expected_refusals
 
 from spec_fused import caps as caps_mod
-from spec_fused.caps import SpecCaps, caps_for, decide, describe, select_variant
+from spec_fused.caps import HostBound, SpecCaps, caps_for, decide, describe, select_variant
 
 ALGORITHMS = [m.name for m in SpeculativeAlgorithm if m.name != "NONE"]
 FENCES = expectation_for().fences
@@ -34,25 +34,33 @@ def _env(barrier=None, host=None):
     return {k: v for k, v in pairs if v is not None}
 
 
+BOUND = HostBound("a bound that serves every reader", max_bs=8, window=4)
+# what the scheduler found of the worker's own bound: none asked, one, or why not
+BOUNDS = (None, BOUND, "no FlashInfer fa2 here")
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("needs_cpu", [True, False])
 def test_every_configuration_decides_as_the_rules_say(algorithm, needs_cpu):
-    for w_barrier, w_host, e_barrier, e_host in itertools.product(
-        (None, True, False), HOSTS, (None, "0", "1"), HOSTS
+    for w_barrier, w_host, e_barrier, e_host, found in itertools.product(
+        (None, True, False), HOSTS, (None, "0", "1"), HOSTS, BOUNDS
     ):
         caps = decide(
             algorithm,
             needs_cpu_seq_lens=needs_cpu,
             worker=_worker(w_barrier, w_host),
             env=_env(e_barrier, e_host),
+            host_bound=found,
         )
-        where = (algorithm, needs_cpu, w_barrier, w_host, e_barrier, e_host, caps.reason)
+        where = (algorithm, needs_cpu, w_barrier, w_host, e_barrier, e_host, found, caps.reason)
         fences = FENCES and algorithm == "DFLASH"
         assert caps.needs_war_barrier is expected_barrier(True, w_barrier, e_barrier, fences), where
-        host = expected_host(algorithm, needs_cpu=needs_cpu, worker=w_host, env=e_host)
+        bound = found is BOUND
+        host = expected_host(algorithm, needs_cpu=needs_cpu, worker=w_host, env=e_host, bound=bound)
         assert caps.host_seq_lens == host, where
+        assert (caps.bound is BOUND) is (needs_cpu and host == "reserved"), where
         assert len(caps.refused) == expected_refusals(
-            algorithm, needs_cpu=needs_cpu, worker=w_host, env=e_host
+            algorithm, needs_cpu=needs_cpu, worker=w_host, env=e_host, bound=bound
         ), where
         barrier_free = not caps.needs_war_barrier and host != "exact"
         assert caps.variant == ("barrier_free" if barrier_free else "war_guarded"), where
@@ -84,6 +92,23 @@ def test_an_explicit_exact_stands_where_upstream_gives_no_host_lengths():
     default = decide("EAGLE", needs_cpu_seq_lens=False, env={})
     assert worker.exact_claimed and env.exact_claimed and not default.exact_claimed
     assert default.host_seq_lens == "none"
+
+
+def test_dflash_reserved_is_the_decision_where_its_bound_serves_every_reader():
+    """The bound variant: DFLASH's own "reserved" stands where a backend reads host lengths
+    only when the scheduler found that its bound serves every such backend; where it found
+    why not, the decision says so and keeps exact host lengths."""
+    served = decide("DFLASH", needs_cpu_seq_lens=True, env={}, host_bound=BOUND)
+    assert served.host_seq_lens == "reserved" and served.bound is BOUND
+    assert served.reason.endswith("reserved host lengths: a bound that serves every reader")
+    assert served.needs_war_barrier and served.refused == ()  # the barrier stays
+    refused = decide("DFLASH", needs_cpu_seq_lens=True, env={}, host_bound="a custom mask")
+    assert refused.host_seq_lens == "exact" and refused.bound is None
+    assert "no bound serves it (a custom mask)" in refused.reason
+    eagle = decide("EAGLE", needs_cpu_seq_lens=True, env={}, host_bound=BOUND)
+    assert eagle.host_seq_lens == "exact" and eagle.bound is None  # it declares no bound
+    gpu_only = decide("DFLASH", needs_cpu_seq_lens=False, env={}, host_bound=BOUND)
+    assert gpu_only.bound is None  # nobody reads host lengths: nothing to bound
 
 
 def test_a_refused_host_claim_names_what_was_asked_and_why():

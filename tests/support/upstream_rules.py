@@ -51,28 +51,41 @@ def _declared_host(algorithm: str, worker: Optional[str], env: Optional[str]) ->
 
 
 def expected_host(
-    algorithm: str, *, needs_cpu: bool, worker: Optional[str] = None, env: Optional[str] = None
+    algorithm: str,
+    *,
+    needs_cpu: bool,
+    worker: Optional[str] = None,
+    env: Optional[str] = None,
+    bound: bool = False,
 ) -> str:
     """What ``host_seq_lens`` must be. Upstream gives exact host lengths exactly where
     the FutureMap's ``needs_cpu_seq_lens`` says (it folds the backends, two-batch overlap
-    and NGRAM in every release): anything less is refused there. Where it says no, an
+    and NGRAM in every release): anything less is refused there, except a last word of
+    "reserved" where the scheduler found the worker's own bound serves every backend that
+    reads them (``bound``: DFLASH on a guarded FlashInfer fa2). Where it says no, an
     explicit "exact" stands, a default "exact" becomes "none", and "reserved"/"none"
     stand as declared (both mean no host lengths)."""
     value, explicit = _declared_host(algorithm, worker, env)
     if needs_cpu:
-        return "exact"
+        return "reserved" if bound and value == "reserved" else "exact"
     if value == "exact" and not explicit:
         return "none"
     return value
 
 
 def expected_refusals(
-    algorithm: str, *, needs_cpu: bool, worker: Optional[str] = None, env: Optional[str] = None
+    algorithm: str,
+    *,
+    needs_cpu: bool,
+    worker: Optional[str] = None,
+    env: Optional[str] = None,
+    bound: bool = False,
 ) -> int:
     """How many host-length claims must be refused (each logged once): an explicit
-    non-exact last word where upstream gives host lengths."""
+    non-exact last word where upstream gives host lengths and no bound serves it."""
     value, explicit = _declared_host(algorithm, worker, env)
-    return int(explicit and value != "exact" and needs_cpu)
+    served = bound and value == "reserved"
+    return int(explicit and value != "exact" and needs_cpu and not served)
 
 
 # ----------------------------------------------------------------------- the scheduler
