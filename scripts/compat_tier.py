@@ -302,17 +302,20 @@ def row_ok(cols: dict, below: bool) -> bool:
 
 def same_code_groups(releases) -> dict:
     """``{release: the release whose run covers its shared columns}``: the newest listed
-    release with the same recorded code (itself where it is the newest, or not listed)."""
+    release with the same recorded relay code (itself where it is the newest, or not
+    listed). The bound variant's code does not split a group: its facts and decisions are
+    read from every release's wheel and record, not from a run."""
     from spec_fused.integration.tested_code import TESTED_CODE
+
+    def relay_code(release: str) -> str:
+        code = TESTED_CODE[release]
+        return json.dumps({m: code.get(m) for m in code_check.RELAY_MODULES}, sort_keys=True)
 
     newest: dict = {}
     for release in sorted(releases, key=parse):
         if release in TESTED_CODE:
-            newest[json.dumps(TESTED_CODE[release], sort_keys=True)] = release
-    return {
-        r: newest[json.dumps(TESTED_CODE[r], sort_keys=True)] if r in TESTED_CODE else r
-        for r in releases
-    }
+            newest[relay_code(release)] = release
+    return {r: newest[relay_code(r)] if r in TESTED_CODE else r for r in releases}
 
 
 def test_release(release: str, work: Path, covered_by: str = "") -> dict:

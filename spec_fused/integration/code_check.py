@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 __all__ = [
     "CHECKED",
+    "RELAY_MODULES",
     "CodeVerdict",
     "check_module",
     "fingerprint_function",
@@ -50,7 +51,21 @@ CHECKED = {
         "decide_needs_cpu_seq_lens",
     ),
     "sglang.srt.managers.scheduler": ("Scheduler._apply_war_barrier",),
+    # What the bound variant rests on (integration/flashinfer_plan.py), gating it alone: the
+    # plan it guards, where SGLang installs that plan and builds its host arguments, the
+    # worker that hands it DFLASH's bound, and the bound itself.
+    "sglang.srt.layers.attention.flashinfer_backend": (
+        "fast_prefill_plan",
+        "FlashInferAttnBackend.init_forward_metadata_out_graph",
+        "FlashInferIndicesUpdaterPrefill.call_begin_forward",
+    ),
+    "sglang.srt.speculative.dflash_worker_v2": ("DFlashWorkerV2.forward_batch_generation",),
+    "sglang.srt.speculative.dflash_info_v2": ("DFlashDraftInputV2.prepare_for_decode",),
+    "sglang.srt.mem_cache.allocation_sizing": ("page_aligned_decode_alloc_lens",),
 }
+# The modules whose code is the relay's (the rest gate the bound variant only): releases
+# with the same relay code share the compat tier's relay runs.
+RELAY_MODULES = ("sglang.srt.managers.overlap_utils", "sglang.srt.managers.scheduler")
 
 
 def _strip_docstring(node: Any) -> Any:
@@ -123,6 +138,8 @@ def _find(tree: ast.Module, qualname: str) -> Optional[ast.AST]:
 def fingerprint_source_file(path, qualnames) -> dict:
     """``{qualname: fingerprint or "absent"}`` read from a source file without importing
     it (the compat tier records every release this way)."""
+    if not Path(path).exists():  # a module a release does not have yet
+        return dict.fromkeys(qualnames, ABSENT)
     tree = ast.parse(Path(path).read_text(encoding="utf-8"))
     out = {}
     for name in qualnames:
