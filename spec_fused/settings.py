@@ -78,6 +78,16 @@ UNMEASURED = Setting(
     "exact host lengths on CUDA), to measure them or to try them",
 )
 
+SYNC_DEBUG = Setting(
+    "SPEC_FUSED_SYNC_DEBUG",
+    "",
+    "1: count every host wait of each scheduler step with its call site (spec_fused/"
+    "host_waits.py); works with SPEC_FUSED_DISABLE=1 too, to count SGLang as shipped",
+)
+SYNC_DEBUG_EVERY = Setting(
+    "SPEC_FUSED_SYNC_DEBUG_EVERY", "100", "with SPEC_FUSED_SYNC_DEBUG=1: a summary every N steps"
+)
+
 SETTINGS = (
     DISABLE,
     ALLOW_UNTESTED,
@@ -88,6 +98,8 @@ SETTINGS = (
     FORCE_BACKEND,
     BENCH,
     UNMEASURED,
+    SYNC_DEBUG,
+    SYNC_DEBUG_EVERY,
 )
 
 

@@ -30,10 +30,10 @@ from typing import Optional
 
 import torch
 
+from spec_fused import host_waits, settings
 from spec_fused import relay as _relay
-from spec_fused import settings
 from spec_fused.faults import raise_if_sticky
-from spec_fused.integration import code_check, war_barrier
+from spec_fused.integration import code_check, flashinfer_plan, war_barrier
 from spec_fused.integration.hooks import PatchSet
 from spec_fused.kernels.backend import Verdict, device_key, record_verdict
 from spec_fused.kernels.canary import canary
@@ -344,6 +344,7 @@ def apply() -> PatchReport:
         if SCHEDULER not in sys.modules:
             report.deferred.append(f"{SCHEDULER}.Scheduler._war_barrier_enabled")
         patches.after_import(SCHEDULER, lambda module: war_barrier.patch(patches, module, version))
+        patches.after_import(flashinfer_plan.MODULE, lambda m: flashinfer_plan.patch(m, version))
         report.patched = list(patches.targets)
     except Exception:
         patches.undo()
@@ -374,7 +375,13 @@ def remove() -> None:
 
 
 def register() -> None:
-    """The ``sglang.srt.plugins`` entry point: apply, or say in one line why not."""
+    """The ``sglang.srt.plugins`` entry point: apply, or say in one line why not. The host
+    wait counter (``SPEC_FUSED_SYNC_DEBUG=1``) counts SGLang as shipped too."""
+    if settings.SYNC_DEBUG.on():
+        host_waits.install()
+        PatchSet().after_import(
+            SCHEDULER, lambda m: host_waits.count_steps(m.Scheduler, "run_batch")
+        )
     off = disabled_by()
     if off is not None:
         logger.info("spec_fused: disabled by %s=%s; SGLang runs its own relay", ENV_DISABLE, off)
