@@ -67,10 +67,11 @@ def step_failed(exc: BaseException, where: str) -> None:
     raise_if_sticky(exc, where, logger)
 
 
-def future_map_caps(fm, *, worker=None) -> SpecCaps:
-    """The production decision for ``fm`` (with the worker when the scheduler knows it);
-    overrides that were refused are logged once each."""
-    caps = decide(fm.spec_algo, worker=worker, needs_cpu_seq_lens=bool(fm.needs_cpu_seq_lens))
+def future_map_caps(fm, *, worker=None, host_bound=None) -> SpecCaps:
+    """The production decision for ``fm`` (with the worker and what the scheduler found of
+    its host bound, when it knows them); refused overrides are logged once each."""
+    ncsl = bool(fm.needs_cpu_seq_lens)
+    caps = decide(fm.spec_algo, worker=worker, needs_cpu_seq_lens=ncsl, host_bound=host_bound)
     for refused in caps.refused:
         log_once(("refused", refused), "override refused: %s", refused)
     return caps
@@ -84,7 +85,9 @@ def gives_host_lengths(caps: SpecCaps, fm) -> bool:
 
 def kept_by_sglang(caps: SpecCaps, fm) -> Optional[str]:
     """Why SGLang's relay keeps ``fm`` under ``caps`` (``measured.py``), logged once."""
-    why = handed_to_sglang(fm.__dict__[BUF_ATTR].device, gives_host_lengths(caps, fm))
+    exact = gives_host_lengths(caps, fm)
+    bound = caps.bound is not None and not exact and bool(fm.needs_cpu_seq_lens)
+    why = handed_to_sglang(fm.__dict__[BUF_ATTR].device, exact, bound=bound)
     if why is not None:
         log_once(("unmeasured", why), "%s: SGLang's relay runs", why, level=logging.INFO)
     return why
@@ -129,6 +132,9 @@ class FusedRelay:
         self.host_seq_lens = caps.host_seq_lens
         self.exact = caps.host_seq_lens == "exact"
         self.variant = caps.variant
+        self.bound = None if self.exact else caps.bound  # a worker's own bound, per step
+        if self.bound is not None:
+            self.bound.arm()
 
     def set_caps(self, caps: SpecCaps) -> None:
         """Adopt newer capabilities (the scheduler's, which know the worker); where they
@@ -208,11 +214,15 @@ class FusedRelay:
             return
         event = fm.publish_ready
         exact = self.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
+        if self.bound is not None and not self.bound.covers(batch):
+            self._hand_back("a step the worker's host bound does not cover", "")
         if exact and self.on_cuda:
             host = getattr(batch, "req_pool_indices_cpu", None)  # upstream's FIXME: == fi
             staged = self.launcher.stage_host_indices(host, fi)
             if staged is None or event is None:
-                self._hand_back(event)
+                self._hand_back(
+                    "no publish yet" if event is None else "no host indices matching future_indices"
+                )
             if self.debug:
                 self._consume_once(fm, event)
             return self._resolve_exact_cuda(batch, staged, event)
@@ -230,6 +240,8 @@ class FusedRelay:
         batch.seq_lens = out
         if not exact:
             batch.seq_lens_cpu = batch.seq_lens_sum = None
+            if self.debug and self.bound is not None:
+                self.bound.check(batch, out)
         else:  # a CPU relay: the lengths are the host lengths, as upstream's .cpu()
             batch.seq_lens_cpu = out
             n = out.shape[0]
@@ -241,17 +253,13 @@ class FusedRelay:
             assert fm._publish_fresh, "resolve without a fresh forward publish"
             fm._publish_fresh = False
 
-    def _hand_back(self, event) -> NoReturn:
-        """An exact step the private stream cannot gate on ``publish_ready`` alone is
-        SGLang's: the pending publish lands first, then SGLang's resolve runs, as shipped."""
-        why = "no publish yet" if event is None else "no host indices matching future_indices"
+    def _hand_back(self, why: str, kind: str = "exact host lengths with ") -> NoReturn:
+        """A step the relay does not run is SGLang's (an exact step the private stream
+        cannot gate on ``publish_ready`` alone; one a host bound does not cover): the
+        pending publish lands first, then SGLang's resolve runs, as shipped."""
         self.land_pending()
-        log_once(
-            ("hand-back", why),
-            "exact host lengths with %s: SGLang's own resolve runs such steps",
-            why,
-            level=logging.INFO,
-        )
+        msg = "%s%s: SGLang's own resolve runs such steps"
+        log_once(("hand-back", why), msg, kind, why, level=logging.INFO)
         raise HandToSGLang(why)
 
     def _resolve_exact_cuda(self, batch, staged, event) -> None:

@@ -15,7 +15,7 @@ import logging
 from spec_fused import relay as _relay
 from spec_fused import settings
 from spec_fused.faults import raise_if_sticky
-from spec_fused.integration import code_check
+from spec_fused.integration import code_check, flashinfer_plan
 from spec_fused.integration.hooks import PatchSet
 
 logger = logging.getLogger("spec_fused")
@@ -36,7 +36,9 @@ def _scheduler_caps(sched):
     buf = future_map.__dict__.get(_relay.BUF_ATTR)
     if buf is not None and _relay.unsupported_device(buf.device) is not None:
         return None
-    caps = _relay.future_map_caps(future_map, worker=getattr(sched, "draft_worker", None))
+    worker = getattr(sched, "draft_worker", None)
+    bound = flashinfer_plan.host_bound(sched) if future_map.needs_cpu_seq_lens else None
+    caps = _relay.future_map_caps(future_map, worker=worker, host_bound=bound)
     future_map.__dict__[_relay.CAPS_ATTR] = caps
     relay = future_map.__dict__.get(_relay.RELAY_ATTR)
     if relay is not None:  # made before the scheduler knew its worker: update it

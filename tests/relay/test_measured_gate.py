@@ -68,9 +68,9 @@ def test_the_table_hands_exact_host_lengths_on_cuda_to_sglang_and_nothing_else(m
 
 
 def test_every_gpu_configuration_is_either_measured_level_or_handed_over():
-    """The two tables cover exact and GPU-only host lengths on CUDA, each once."""
+    """The two tables cover no, exact and bound host lengths on CUDA, each once."""
     keys = set(measured.LEVEL) | set(measured.NOT_MEASURED_LEVEL)
-    assert keys == {("cuda", False), ("cuda", True)}
+    assert keys == {("cuda", "none"), ("cuda", "exact"), ("cuda", "bound")}
     assert not set(measured.LEVEL) & set(measured.NOT_MEASURED_LEVEL)
 
 
