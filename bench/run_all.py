@@ -35,7 +35,7 @@ KERNEL_BENCH = {
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bench.run_all",
-        description="probe, host_overhead, then ab_engine; prints where the results went.",
+        description="probe, host_overhead, ab_engine, kernel_bench; prints where results went.",
     )
     harness.add_common_args(parser)
     parser.add_argument(
@@ -54,7 +54,7 @@ def kernel_bench(argv) -> int:
     cmd += ["bench/test_kernel_bench.py", f"--benchmark-json={argv[0]}/kernel_bench.json"]
     cmd += ["--benchmark-columns=min,median,iqr,rounds,iterations"]
     cmd += KERNEL_BENCH[harness.pick_device().type]
-    print(" ".join(cmd[1:]), flush=True)
+    print("python", *cmd[1:], flush=True)
     return subprocess.run(cmd, cwd=harness.BENCH_DIR.parent).returncode
 
 
