@@ -55,6 +55,7 @@ case "$cmd" in
       trap 'wait "$sched" 2>/dev/null || true; rm -f "$sched_log"' EXIT
     fi
     has_cuda || export TRITON_INTERPRET=1
+    # --benchmark-skip: the tiers time nothing (bench/test_kernel_bench.py is ./run.sh bench's)
     echo "== lint and types (ruff, mypy on the core)"
     # one command a line: set -e does not stop at a failure inside an && list
     .venv/bin/ruff check --quiet .
@@ -62,7 +63,7 @@ case "$cmd" in
     .venv/bin/mypy
     if [ "$fast" = 1 ]; then
       export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-fast}"
-      exec .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e tests "$@"
+      exec .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e --benchmark-skip tests "$@"
     fi
     sched_rc=0
     wait "$sched" || sched_rc=$?
@@ -73,7 +74,7 @@ case "$cmd" in
     fi
     export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-full}"
     echo "== light tier (.venv, SGLang 0.5.23)"
-    .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e tests "$@"
+    .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e --benchmark-skip tests "$@"
     # The compat tier (one pytest at a time, one core) and the e2e tier (an engine's
     # scheduler process beside its driver) side by side: they share no file they write
     # (overlays go to .compat/, engines to temporary folders). Their logs follow in order.

@@ -1,5 +1,5 @@
 """Run every benchmark of spec_fused: the GPU probe, the host-cost sweep, the A/B on the
-real engine.
+real engine, the kernel microbenchmark.
 
 Why one entry point: the README's benchmark command must be one line that works on a
 laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size):
@@ -9,7 +9,8 @@ laptop CPU (``--quick``, Triton interpreter) and, unchanged, on a GPU (full size
 
 Results go to ``bench/results/<device>/`` (or ``--out DIR``): ``probe.json/.png`` (on a CPU
 its dry run: the plan and every variant's check, no figures), ``host_overhead.json/.png``,
-``ab_engine.json/.md/.png``.
+``ab_engine.json/.md/.png``, ``kernel_bench.json`` (pytest-benchmark's; on a CPU a short
+run in the Triton interpreter, its times labelled as not a speed).
 The real-server A/B (weights + GPU) is
 ``bench/ab_server.sh``.
 """
@@ -17,25 +18,44 @@ The real-server A/B (weights + GPU) is
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 
 from bench import harness  # first: sets TRITON_INTERPRET on CPU before triton is imported
+
+# pytest-benchmark's options for bench/test_kernel_bench.py: rounds of >= 1 ms / 0.2 ms;
+# at most 0.05 s a case on a CPU (48 cases in about 10 s), 0.25 s on a GPU after a warm-up.
+KERNEL_BENCH = {
+    "cpu": ["--benchmark-min-time=0.001", "--benchmark-max-time=0.05"],
+    "cuda": ["--benchmark-min-time=0.0002", "--benchmark-max-time=0.25", "--benchmark-warmup=on"],
+}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m bench.run_all",
-        description="probe, host_overhead, then ab_engine; prints where the results went.",
+        description="probe, host_overhead, ab_engine, kernel_bench; prints where results went.",
     )
     harness.add_common_args(parser)
     parser.add_argument(
         "--skip",
         nargs="+",
-        choices=("probe", "host_overhead", "ab_engine"),
+        choices=("probe", "host_overhead", "ab_engine", "kernel_bench"),
         default=[],
         help="benchmarks to leave out",
     )
     return parser.parse_args(argv)
+
+
+def kernel_bench(argv) -> int:
+    """``bench/test_kernel_bench.py`` in a pytest of its own; its JSON into ``argv[0]``."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    cmd += ["bench/test_kernel_bench.py", f"--benchmark-json={argv[0]}/kernel_bench.json"]
+    cmd += ["--benchmark-columns=min,median,iqr,rounds,iterations"]
+    cmd += KERNEL_BENCH[harness.pick_device().type]
+    print("python", *cmd[1:], flush=True)
+    return subprocess.run(cmd, cwd=harness.BENCH_DIR.parent).returncode
 
 
 def main(argv=None) -> dict:
@@ -50,21 +70,22 @@ def main(argv=None) -> dict:
     # the probe times a GPU only; on a CPU its dry run checks every variant
     on_gpu = harness.pick_device().type == "cuda"
     probe_args = [a for a in passthrough if a != "--quick"] + ([] if on_gpu else ["--dry-run"])
+    out_dir = harness.results_dir(harness.pick_device(), args.out)
     done, walls = {}, {}
-    for name, module, argv in (
-        ("probe", probe, probe_args),
-        ("host_overhead", host_overhead, passthrough),
-        ("ab_engine", ab_engine, passthrough),
+    for name, run, argv in (
+        ("probe", probe.main, probe_args),
+        ("host_overhead", host_overhead.main, passthrough),
+        ("ab_engine", ab_engine.main, passthrough),
+        ("kernel_bench", kernel_bench, [str(out_dir.resolve())]),
     ):
         if name in args.skip:
             continue
         print(f"\n=== {name} {' '.join(argv)}", flush=True)
         t0 = time.perf_counter()
-        done[name] = module.main(argv)
+        done[name] = run(argv)
         walls[name] = time.perf_counter() - t0
-        if name == "probe" and done[name]:
-            raise SystemExit(f"probe exited {done[name]}: a variant's check failed")
-    out_dir = harness.results_dir(harness.pick_device(), args.out)
+        if name in ("probe", "kernel_bench") and done[name]:
+            raise SystemExit(f"{name} exited {done[name]}: a check failed")
     print("\n=== results")
     for name, wall in walls.items():
         print(f"{name:>14}: {wall:6.1f} s")
