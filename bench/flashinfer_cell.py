@@ -147,6 +147,8 @@ class Cell:
         return 1e3 * n / ev[0].elapsed_time(ev[2 * steps - 2]), (span - busy) / n * 1e3
 
     def check(self, arm: str, batch, steps: int) -> None:
+        if arm == "B" and batch.seq_lens_cpu is not None:  # the relay stepped down (its log)
+            raise RuntimeError(f"flashinfer_cell: batch {self.bs}: B's relay went to SGLang's")
         ok = torch.equal(batch.seq_lens.cpu(), self.lens0_cpu + steps * self.accept_cpu)
         if not ok or (batch.seq_lens_cpu is None) != (arm == "B"):
             raise RuntimeError(f"flashinfer_cell: arm {arm} at batch {self.bs}: wrong lengths")
