@@ -20,7 +20,12 @@ def test_the_package_and_its_tools_stay_within_their_budgets():
     # selftest and bench/probe.py; torch.utils.benchmark and do_bench time an idle GPU.
     assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_275
     assert _lines([PACKAGE / "kernels" / "publish_gather.py"]) <= 250
-    assert _lines((ROOT / "bench").rglob("*.py")) <= 2_500
+    # 2,500 until issue 38: the FlashInfer lease (bench/flashinfer_carry.py 300 lines,
+    # flashinfer_check.py 510, flashinfer_cell.py 270) checks FlashInfer 0.7.2's real fa2
+    # wrapper planned by SGLang's fast_prefill_plan on a GPU - bound against exact plans, the
+    # pinned-buffer race with and without the guard, the loop A/B - and builds and proves the
+    # trimmed carry that check needs. Neither SGLang nor FlashInfer maintains such a check.
+    assert _lines((ROOT / "bench").rglob("*.py")) <= 3_600
 
 
 def test_no_module_or_class_outgrows_its_budget():
