@@ -232,15 +232,21 @@ def run(args) -> dict:
         "host_us": args.host_us, "estimated_device_s": round(est, 1)}}  # fmt: skip
 
 
-def main(argv=None) -> int:
+def parse(argv=None):
+    """The cell's arguments (``bench/ab_loop.py --flashinfer`` builds them from its own)."""
     p = harness.add_common_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     p.add_argument("--dry-run", action="store_true", help="the stand-in loop (CPU)")
     p.add_argument("--concurrency", default="1,8,32")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--layers", type=int, default=8, help="attention calls per verify graph")
     p.add_argument("--host-us", type=float, default=150.0)
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     if not torch.cuda.is_available() and not args.dry_run:
         print("flashinfer_cell: needs a CUDA GPU; on CPU only --dry-run runs", file=sys.stderr)
         return 2

@@ -333,6 +333,7 @@ def race(dev, rig: Rig, plan_fn, committed: list) -> dict:
                 got = rig.replay()
         held = dev.pending()  # the host planned everything while the first copy still waited
     dev.synchronize()
+    device = [d.cpu() for d in device]  # the host's copies are host memory
     torn = [not torch.equal(d, h) for d, h in zip(device, host)]
     return {"plans": len(committed), "window_held": held, "torn": torn,
             "holds_a_later_plan": [any(torch.equal(d, h) for h in host[i + 1 :])
