@@ -214,7 +214,7 @@ class FusedRelay:
             return
         event = fm.publish_ready
         exact = self.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
-        if self.bound is not None and not self.bound.covers(batch):
+        if self.bound is not None and not self.bound.covers(batch, fi.shape[0]):
             self._hand_back("a step the worker's host bound does not cover", "")
         if exact and self.on_cuda:
             host = getattr(batch, "req_pool_indices_cpu", None)  # upstream's FIXME: == fi
