@@ -163,9 +163,11 @@ def test_the_plan_guard_reaches_sglangs_flashinfer_backend_and_the_bound_its_cla
 
         def backend():
             b = object.__new__(fi.FlashInferAttnBackend)
-            b.__dict__.update(prefill_backend="fa2", dispatch_reason=None, is_multimodal=False,
-                              use_sliding_window_kv_pool=False, is_dllm_model=False,
-                              prefill_uses_dequant_workspace=False, prefill_cuda_graph_metadata={})  # fmt: skip
+            b.__dict__.update(
+                prefill_backend="fa2", dispatch_reason=None, is_multimodal=False,
+                use_sliding_window_kv_pool=False, is_dllm_model=False,
+                prefill_uses_dequant_workspace=False, prefill_cuda_graph_metadata={},
+            )  # fmt: skip
             for bs in (1, 8):  # as capture does it for a DFLASH verify (fa2, no mask)
                 w = types.SimpleNamespace(_backend="fa2")
                 w.begin_forward = functools.partial(fi.fast_prefill_plan, w)
