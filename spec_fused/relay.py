@@ -255,16 +255,23 @@ class FusedRelay:
         raise HandToSGLang(why)
 
     def _resolve_exact_cuda(self, batch, staged, event) -> None:
-        """The private stream, gated on ``publish_ready`` only: host indices up, the launch,
-        the row ``[*lens, sum]`` down; the host waits for that stream alone. Everything it
-        wrote is complete when the host returns, so no other stream waits for it."""
+        """The private stream: host indices up, then the wait for ``publish_ready`` (only),
+        the launch, the row ``[*lens, sum]`` down; the host waits for that stream alone.
+        Everything it wrote is complete when the host returns, so no other stream waits.
+
+        The upload goes before the wait, off the critical path behind the publish point:
+        it reads the pinned staging the host has just written (rewritten only by the next
+        step's host, after this step's wait) and writes the device upload buffer, read
+        only by this launch, behind it on this stream (the last step's reader finished
+        before its host returned). Nothing the forward writes is in either."""
         launcher, stream = self.launcher, self.relay_stream
-        stream.wait_event(event)
         pending = self.pending
         pi, pv = pending or (None, None)
         try:
             with self.relay_stream_ctx:
-                out = self._launch(launcher.upload_host_indices(staged), pi, pv, True)
+                gi = launcher.upload_host_indices(staged)
+                stream.wait_event(event)
+                out = self._launch(gi, pi, pv, True)
                 launcher.row_to_host(out)
         finally:  # also when a launch raised: nothing it enqueued outlives the step
             self.done_event.record(stream)
