@@ -255,17 +255,11 @@ class FusedRelay:
         raise HandToSGLang(why)
 
     def _resolve_exact_cuda(self, batch, staged, event) -> None:
-        """The private stream: host indices up, then the wait for ``publish_ready`` (only),
-        the launch, the row ``[*lens, sum]`` down; the host waits for that stream alone.
-        Everything it wrote is complete when the host returns, so no other stream waits.
-
-        The upload goes before the wait, off the critical path behind the publish point:
-        it reads the pinned staging the host has just written (rewritten only by the next
-        step's host, after this step's wait) and writes the device upload buffer, read
-        only by this launch, behind it on this stream (the last step's reader finished
-        before its host returned). Nothing the forward writes is in either."""
-        launcher, stream = self.launcher, self.relay_stream
-        pending = self.pending
+        """The private stream: host indices up, the wait for ``publish_ready`` alone, the
+        launch, the row ``[*lens, sum]`` down; the host waits for that stream, so all it
+        wrote is done when the host returns and no other stream waits. The upload precedes
+        the wait: it carries host indices, nothing the forward writes (safe: test_stream_order)."""
+        launcher, stream, pending = self.launcher, self.relay_stream, self.pending
         pi, pv = pending or (None, None)
         try:
             with self.relay_stream_ctx:
