@@ -263,16 +263,17 @@ class FusedRelay:
         raise HandToSGLang(why)
 
     def _resolve_exact_cuda(self, batch, staged, event) -> None:
-        """The private stream, gated on ``publish_ready`` only: host indices up, the launch,
-        the row ``[*lens, sum]`` down; the host waits for that stream alone. Everything it
-        wrote is complete when the host returns, so no other stream waits for it."""
-        launcher, stream = self.launcher, self.relay_stream
-        stream.wait_event(event)
-        pending = self.pending
+        """The private stream: host indices up, the wait for ``publish_ready`` alone, the
+        launch, the row ``[*lens, sum]`` down; the host waits for that stream, so all it
+        wrote is done when the host returns and no other stream waits. The upload precedes
+        the wait: it carries host indices, nothing the forward writes (safe: test_stream_order)."""
+        launcher, stream, pending = self.launcher, self.relay_stream, self.pending
         pi, pv = pending or (None, None)
         try:
             with self.relay_stream_ctx:
-                out = self._launch(launcher.upload_host_indices(staged), pi, pv, True)
+                gi = launcher.upload_host_indices(staged)
+                stream.wait_event(event)
+                out = self._launch(gi, pi, pv, True)
                 launcher.row_to_host(out)
         finally:  # also when a launch raised: nothing it enqueued outlives the step
             self.done_event.record(stream)

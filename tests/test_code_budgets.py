@@ -14,11 +14,17 @@ def _lines(paths) -> int:
 
 
 def test_the_package_and_its_tools_stay_within_their_budgets():
-    assert _lines(SOURCES) <= 4_500
+    # 4,500 until issue 37: the tools' 210 lines below (no serving code grew).
+    assert _lines(SOURCES) <= 4_600
     # 1,000 until issue 34: tools/timing.py (203 lines) times a relay step as serving sees
     # it - queued behind a busy GPU, blocked time apart from host time, ABBA rounds - for
     # selftest and bench/probe.py; torch.utils.benchmark and do_bench time an idle GPU.
-    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_275
+    # 1,275 until issue 37: tools/forward.py (~100 lines), the graphed bf16 GEMMs queued
+    # cells run behind (a sleep kernel left the SMs free) and bench/ab_loop.py's forward,
+    # in the package because timing.py needs it and cannot import bench/; the engagement
+    # check (a step handed back to SGLang reads as "level"), its verdict, selftest's grid
+    # and time budget (~110 lines in timing.py and selftest.py).
+    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_500
     assert _lines([PACKAGE / "kernels" / "publish_gather.py"]) <= 250
     assert _lines((ROOT / "bench").rglob("*.py")) <= 2_500
 
