@@ -26,7 +26,8 @@
 # run does (into a temporary folder). That is how the fail-fast is tested on a CPU.
 #
 # Exit status: 0 when every stage succeeded; 1 when one failed (on a GPU also: a GPU test
-# failed, or none ran, or not all of them ran). 2: bad arguments, or under --dry-run a plan
+# failed, or none passed, or not all of them ran), or OUTDIR holds a file the plan does not
+# name, or a call's over 8 files. 2: bad arguments, or under --dry-run a plan
 # or a carry that does not fit the lease. 3: no visible CUDA device without --dry-run.
 # 4: the preflight failed. --dry-run runs every stage's CPU version (CUDA hidden,
 # TRITON_INTERPRET=1; both calls' stages unless --check, --ab-loop or --stage picks): the
