@@ -15,7 +15,13 @@ def _lines(paths) -> int:
 
 def test_the_package_and_its_tools_stay_within_their_budgets():
     # 4,500 until issue 37: the tools' 210 lines below (no serving code grew).
-    assert _lines(SOURCES) <= 4_600
+    # 4,600 until issue 38: the bound variant, DFLASH on FlashInfer without the FutureMap's
+    # host wait - integration/flashinfer_plan.py (~225: the pinned plan buffer's guard, a
+    # safety need, and where the bound may stand), caps.HostBound (~50: which steps it
+    # covers, its debug check); host_waits.py (~195), the per-step host-wait counter the
+    # issue asks for as its instrument (no maintained tool counts waits per scheduler
+    # step: torch's sync detector misses Event.synchronize and knows no step).
+    assert _lines(SOURCES) <= 5_150
     # 1,000 until issue 34: tools/timing.py (203 lines) times a relay step as serving sees
     # it - queued behind a busy GPU, blocked time apart from host time, ABBA rounds - for
     # selftest and bench/probe.py; torch.utils.benchmark and do_bench time an idle GPU.
@@ -24,9 +30,14 @@ def test_the_package_and_its_tools_stay_within_their_budgets():
     # in the package because timing.py needs it and cannot import bench/; the engagement
     # check (a step handed back to SGLang reads as "level"), its verdict, selftest's grid
     # and time budget (~110 lines in timing.py and selftest.py).
-    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_500
+    # 1,500 until issue 38: impact.py's DFLASH + FlashInfer row (host waits 2 -> 1 where
+    # the release plans DFLASH from host lengths) and doctor's line for it.
+    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_530
     assert _lines([PACKAGE / "kernels" / "publish_gather.py"]) <= 250
-    assert _lines((ROOT / "bench").rglob("*.py")) <= 2_500
+    # 2,500 until issue 37: the pytest-benchmark kernel sweep (test_kernel_bench.py and
+    # its conftest, ~150) the issue brings back, the carry's one size check (carry.py,
+    # ~60), the EAGLE-like exact cell and per-block engagement check in ab_loop.py.
+    assert _lines((ROOT / "bench").rglob("*.py")) <= 2_700
 
 
 def test_no_module_or_class_outgrows_its_budget():

@@ -109,7 +109,7 @@ class Row:
         if not self.needs_host_lengths:
             return "nothing that matters: upstream is GPU-only here (2 device ops → 1)"
         if self.bound:
-            return "host waits per step 2 → 1: no pool copy, no host lengths, no wait"
+            return "8·pool-byte D2H and its wait → none, no host lengths: host waits per step 2 → 1"
         flashinfer = "flashinfer" in self.backend or any("FlashInfer" in n for n in self.notes)
         waits = "the host still waits later" if flashinfer else "the host waits for one stream"
         return f"scatter + gather → 1 launch; 8·pool-byte D2H → 8·n up, 8·(n+1) down; {waits}"
