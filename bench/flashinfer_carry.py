@@ -39,6 +39,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from bench.carry import tree_bytes
+
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ("fa2", "bfloat16", "bfloat16", "bfloat16", "int32", 128, 128, 0, False, False, False)
 SGLANG_LEFT_OUT = ("sglang/multimodal_gen/", "sglang/test/")  # never imported by srt's relay
@@ -194,15 +196,6 @@ def pack(src: Path, dest: Path) -> int:
     return dest.stat().st_size
 
 
-def tree_bytes() -> int:
-    """What a device call sends beside the carry: the git tree (tracked and untracked)."""
-    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                           capture_output=True, check=True).stdout.split(b"\0")  # fmt: skip
-    return sum(
-        (ROOT / n.decode()).stat().st_size for n in names if n and (ROOT / n.decode()).is_file()
-    )
-
-
 def compile_times(ninja_log: str) -> dict:
     """From ninja's log (the last entry per output): the objects' compile seconds and the
     build's wall time here; on 16 cores the objects compile side by side (about the slowest)."""
@@ -271,7 +264,7 @@ def build(a) -> int:
                 "fast_prefill_plan": sglang_proof["fast_prefill_plan"], "sizes": sizes}  # fmt: skip
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    tree = tree_bytes()
+    tree = tree_bytes(ROOT)
     for name, size in sorted(sizes.items(), key=lambda kv: -kv[1]):
         print(f"  {mib(size):>10}  {name}")
     print(f"flashinfer_carry: {out} {mib(total)} + git tree {mib(tree)} = {mib(total + tree)} "

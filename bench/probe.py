@@ -1,4 +1,4 @@
-"""GPU probe: what each ingredient of a relay step costs, one at a time (issue 34, item 1).
+"""GPU probe: what each ingredient of a relay step costs, one at a time (issues 34 and 37).
 
 Why: the last GPU run measured the fused exact-host-lengths step slower than SGLang's, and
 a read names three suspects: zero-copy PCIe on the kernel's critical path (pinned gather
@@ -14,9 +14,10 @@ queued modes; every figure (host µs, device µs, late) is defined in
   ``relayed``: whether it relays this by default.
 * the kernel by hand (1 only), ``gi-{pinned|device}/out-{zc|d2h}/{caller|private}``:
   publish records an event (the scatter is deferred into the launch, as spec_fused's);
-  resolve copies the batch's host indices into pinned staging, has the stream (the
-  caller's, or a private high-priority one) wait for the event, gathers through the pinned
-  staging itself (zero-copy loads) or an H2D copy of it, launches ``kernel[grid]`` writing
+  resolve copies the batch's host indices into pinned staging; on the stream (the
+  caller's, or a private high-priority one) copies them up (``gi-device``, before the wait,
+  as the relay does), waits for the event, gathers through that copy or the pinned staging
+  itself (zero-copy loads), launches ``kernel[grid]`` writing
   the row ``[*lens, sum]`` into pinned host memory (zero-copy stores; no device lengths
   then) or into a device row followed by one D2H of n + 1 values, records an event, and
   the host waits for it and reads the row.
@@ -25,13 +26,27 @@ queued modes; every figure (host µs, device µs, late) is defined in
   (a private stream waits for it and copies 16 bytes / the whole pool to pinned memory; the
   host waits): the least a GPU-only step, a host-returning step and upstream's copy cost.
 
-Grid: pools 4,096 and 65,536 x batch 1, 32, 256, 1024 x both modes; every variant in every
-cell, rounds in seeded shuffled ABBA order, each variant's lengths and sum checked against
-the published ones before it is timed. A cell starts only if the time left in
-``--budget-s`` covers its estimate. ``probe.json`` keeps every round, the medians, the
-GPU's clocks and PCIe link before and after, versions and settings. Nothing asserts a time.
+Queued mode runs behind graphed bf16 GEMMs (a verify of ``--busy-us`` before the publish
+point, a draft extend of half that after it: ``spec_fused/tools/forward.py``), so the
+step's launches contend for SMs as in serving. ``spec_fused``'s rows say whether its relay
+resolved every step of the cell, warm-up included (``engaged``); a cell where it handed
+one back to SGLang has no ratio, and the exit status is 1.
 
-    python -m bench.probe --out DIR              # CUDA, within --budget-s (170 s)
+Grid (``CELLS``, in this order; a batch fits only below its pool, since SGLang draws
+distinct slots past slot 0): pool 1,024 x batch 1, 32, 256 (the hardest case for the fused
+step: upstream's full-pool copy is only 8 KB), pool 4,096 x batch 1, 32, 256, 1,024
+(SGLang's default 2-4 k slots), pool 65,536 x batch 1, 256. Pool 65,536's batches 32 and
+1,024 were dropped (issue 37) to pay for pool 1,024 within ``--budget-s`` 75: the largest
+pool is the fused step's easiest case (a 512 KB upstream copy), ahead on the last H100.
+Each cell x both modes; every variant in every cell, rounds in seeded shuffled ABBA order,
+each variant's lengths and sum checked against the published ones before it is timed. A
+cell starts only if the time left in ``--budget-s`` covers its estimate (its steps, the
+filler's measured µs included). ``probe.json`` keeps every round, the medians, the GPU's
+clocks and PCIe link before and after, the filler, versions and settings. Nothing asserts
+a time. ``--dry-run`` prints the plan (cells, modes, variants, the device time it would
+take) and every variant's check, not a table of empty figures.
+
+    python -m bench.probe --out DIR              # CUDA, within --budget-s (75 s)
     python -m bench.probe --dry-run --out DIR    # CPU: the plan, every variant's check
 """
 
@@ -51,7 +66,8 @@ from spec_fused.kernels.publish_gather import Args, launch_triton
 from spec_fused.tools import selftest, timing
 
 T0 = time.monotonic()
-POOLS, BATCHES = (4096, 65536), (1, 32, 256, 1024)
+BATCHES = (1, 32, 256, 1024)
+CELLS = [(1024, b) for b in BATCHES[:3]] + [(4096, b) for b in BATCHES] + [(65536, 1), (65536, 256)]
 HAND = tuple(
     f"gi-{g}/out-{o}/{s}"
     for g in ("pinned", "device")
@@ -61,9 +77,9 @@ HAND = tuple(
 FLOORS = {"event": 1, "empty-kernel": 0, "d2h-16B": 1, "d2h-pool": 1}
 VARIANTS = [("upstream", 0), ("upstream", 1), ("spec_fused", 0), ("spec_fused", 1)]
 VARIANTS += [*((h, 1) for h in HAND), *FLOORS.items()]
-SETUP_S, STEP_US = 40.0, 150.0  # estimates: start-up and compiles; a step's own overhead
+SETUP_S = 25.0  # estimate: imports, FutureMaps, the canary's and variants' compiles, GEMMs
 COLUMNS = ("mode", "pool", "batch", "variant", "needs_cpu_seq_lens", "host_us_median",
-           "device_us_median", "host_x", "device_x", "late_steps", "ok")  # fmt: skip
+           "device_us_median", "host_x", "device_x", "late_steps", "engaged", "ok")  # fmt: skip
 
 
 def log(msg: str) -> None:
@@ -109,9 +125,9 @@ def hand(dev: _Dev, name: str, buf, idx, vals) -> tuple:
 
     def resolve():
         staging.copy_(host_idx)
-        (private or dev.current()).wait_event(ready)
         with dev.on(private):
             gi = staging if "gi-pinned" in name else gi_dev.copy_(staging, non_blocking=True)
+            (private or dev.current()).wait_event(ready)
             zero_copy = "out-zc" in name
             launch_triton(
                 Args(buf, gi, idx, vals, row if zero_copy else row_dev, out_sum, row=True)
@@ -192,10 +208,10 @@ def _checked(key: tuple, arm: timing.Arm, check) -> tuple:
         return key, f"{type(exc).__name__}: {exc}"[:300]
 
 
-def estimate_s(mode: str, args) -> float:
+def estimate_s(clock: timing.Clock, mode: str, args) -> float:
     """Device seconds one cell (every variant, one mode) is planned to take."""
-    per_step = STEP_US + (1.5 * args.busy_us if mode == "queued" else 0.0)
-    return len(VARIANTS) * (args.rounds * args.steps + args.warmup) * per_step / 1e6
+    plan = {k: getattr(args, k) for k in ("rounds", "steps", "warmup", "busy_us")}
+    return timing.estimate_s(clock, mode, len(VARIANTS), **plan)
 
 
 def rows_for(cell: dict, arms: dict, relayed: dict, measured: dict) -> list:
@@ -204,36 +220,57 @@ def rows_for(cell: dict, arms: dict, relayed: dict, measured: dict) -> list:
     for (variant, n), arm in arms.items():
         r = measured.get(f"{variant}:{n}", {})
         base = measured.get(f"upstream:{n}", {})
+        on = r.get("engaged")  # spec_fused's relay resolved every step (None: no relay)
+        x = {k: None if on is False else timing.paired_x(base.get(k), r.get(k))
+             for k in ("host_us", "device_us")}  # fmt: skip
         rows.append({
             "variant": variant, "needs_cpu_seq_lens": n, **cell,
             "relayed": relayed.get(n) if variant == "spec_fused" else None,
             "ok": None if arm is None else not isinstance(arm, str),  # None: not built
-            "error": arm if isinstance(arm, str) else None,
+            "error": arm if isinstance(arm, str) else None, "engaged": on,
             "host_us": r.get("host_us"), "device_us": r.get("device_us"), "late": r.get("late"),
+            "engaged_steps": r.get("engaged_steps"), "warmup_engaged": r.get("warmup_engaged"),
             "host_us_median": timing.median(r.get("host_us")),
             "device_us_median": timing.median(r.get("device_us")),
-            "host_x": timing.paired_x(base.get("host_us"), r.get("host_us")),
-            "device_x": timing.paired_x(base.get("device_us"), r.get("device_us")),
-            "late_steps": sum(r["late"]) if r and cell["mode"] == "queued" else None,
+            "host_x": x["host_us"], "device_x": x["device_us"],
+            "late_steps": sum(r["late"]) if r.get("late") and cell["mode"] == "queued" else None,
         })  # fmt: skip
     return rows
 
 
+def grid(args) -> list:
+    """``(pool, batch)`` cells: ``CELLS``, or ``--pools`` x ``--batches`` where it fits."""
+    if args.pools is None and args.batches is None:
+        return list(CELLS)
+    pools, batches = args.pools or sorted({p for p, _ in CELLS}), args.batches or BATCHES
+    return [(p, b) for p, b in itertools.product(pools, batches) if b < p]
+
+
+def make_plan(args, clock: timing.Clock) -> dict:
+    """The plan, in probe.json and printed: cells, modes, variants, device seconds."""
+    cells = grid(args)
+    per = {m: round(estimate_s(clock, m, args), 2) for m in timing.MODES}
+    est = SETUP_S + sum(per.values()) * len(cells)
+    return {
+        "variants": [{"variant": v, "needs_cpu_seq_lens": n} for v, n in VARIANTS],
+        "grid": [{"pool": p, "batch": b} for p, b in cells], "modes": list(timing.MODES),
+        "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
+        "cells": len(cells) * 2, "rows": len(cells) * 2 * len(VARIANTS),
+        "estimated_s_per_cell": per, "setup_s": SETUP_S,
+        "estimated_device_s": round(est, 1), "estimated_device_min": round(est / 60, 1),
+        "budget_s": args.budget_s, "filler_us": clock.queued_us(args.busy_us),
+        "filler_calibrated": clock.filler is not None,
+    }  # fmt: skip
+
+
 def probe(args, device) -> dict:
     clock = timing.Clock(device, busy_us=0.0 if args.dry_run else args.busy_us)
-    grid = list(itertools.product(args.pools, args.batches))
-    plan = {
-        "variants": [{"variant": v, "needs_cpu_seq_lens": n} for v, n in VARIANTS],
-        "pools": args.pools, "batches": args.batches, "modes": list(timing.MODES),
-        "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
-        "cells": len(grid) * 2, "rows": len(grid) * 2 * len(VARIANTS),
-    }  # fmt: skip
-    per_grid = sum(estimate_s(m, args) for m in timing.MODES)
-    plan["estimated_device_s"] = round(SETUP_S + per_grid * len(grid), 1)
+    plan = make_plan(args, clock)
     log(f"plan: {plan['rows']} rows, about {plan['estimated_device_s']} s of device time")
     rows, skipped, slow = [], [], dict.fromkeys(timing.MODES, 1.0)
-    for i, (pool, batch) in enumerate(grid):
-        fits = time.monotonic() - T0 + estimate_s("idle", args) * slow["idle"] <= args.budget_s
+    for i, (pool, batch) in enumerate(grid(args)):
+        need = estimate_s(clock, "idle", args) * slow["idle"]
+        fits = time.monotonic() - T0 + need <= args.budget_s
         if args.dry_run or fits:
             arms, relayed = build(device, pool, batch, clock)
             bad = [k for k, v in arms.items() if isinstance(v, str)]
@@ -243,10 +280,11 @@ def probe(args, device) -> dict:
         for mode in timing.MODES:
             cell, measured = {"mode": mode, "pool": pool, "batch": batch}, {}
             timed = [a for a in arms.values() if isinstance(a, timing.Arm)]
-            if args.dry_run and i == 0 and mode == "idle":  # the runner on CPU; nothing kept
-                timing.run(timed, clock, mode="idle", rounds=2, steps=1, seed=0, warmup=0)
+            if args.dry_run and i == 0 and mode == "idle":  # the runner on CPU: engagement kept
+                ran = timing.run(timed, clock, mode="idle", rounds=2, steps=1, seed=0, warmup=0)
+                measured = {k: {"engaged": v["engaged"]} for k, v in ran.items()}
             elif not args.dry_run:
-                need = estimate_s(mode, args) * slow[mode]
+                need = estimate_s(clock, mode, args) * slow[mode]
                 if time.monotonic() - T0 + need > args.budget_s:
                     skipped.append(cell | {"why": f"budget: {need:.1f} s would not fit"})
                     rows += rows_for(cell, arms, relayed, {})
@@ -256,11 +294,11 @@ def probe(args, device) -> dict:
                 measured = timing.run(timed, clock, mode=mode, rounds=args.rounds,
                                       steps=args.steps, seed=seed, warmup=args.warmup)  # fmt: skip
                 took = time.monotonic() - t
-                slow[mode] = max(slow[mode], took / estimate_s(mode, args))
+                slow[mode] = max(slow[mode], took / estimate_s(clock, mode, args))
                 log(f"  {mode}: {took:.1f} s")
             rows += rows_for(cell, arms, relayed, measured)
     measure.set_patched(False)
-    return {"plan": plan, "rows": rows, "skipped": skipped, "busy_cycles": clock.cycles}
+    return {"plan": plan, "rows": rows, "skipped": skipped, "filler": clock.filler}
 
 
 def plot(rows: list, path) -> None:
@@ -290,14 +328,14 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--dry-run", action="store_true", help="CPU: the plan and every check")
     parser.add_argument("--out", metavar="DIR", help="default: bench/results/<device>/")
-    parser.add_argument("--budget-s", type=float, default=170.0, help="never run past this")
+    parser.add_argument("--budget-s", type=float, default=75.0, help="never run past this")
     parser.add_argument("--rounds", type=int, default=10, help="per cell (even: ABBA)")
     parser.add_argument("--steps", type=int, default=25, help="per variant and round")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--busy-us", type=float, default=300.0, help="queued: the busy kernel")
+    parser.add_argument("--busy-us", type=float, default=300.0, help="queued: the verify's µs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pools", type=int, nargs="+", default=list(POOLS))
-    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--pools", type=int, nargs="+", help="with --batches: not CELLS")
+    parser.add_argument("--batches", type=int, nargs="+")
     parser.add_argument("--no-plot", action="store_true")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -320,19 +358,54 @@ def main(argv=None) -> int:
         "versions": harness.versions(device), "gpu": gpu,
         "figures": "spec_fused/tools/timing.py (module docstring)",
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "no_plot")}
-        | {"busy_cycles": result.pop("busy_cycles"), "wall_s": round(time.monotonic() - T0, 1)},
+        | {"wall_s": round(time.monotonic() - T0, 1)},
         **result,
     }  # fmt: skip
     rows = payload["rows"]
     failed = sorted({r["variant"] for r in rows if r["ok"] is False})
-    table = harness.format_table(rows, COLUMNS)
+    off = [r for r in rows if r["engaged"] is False]
+    tables = plan_tables(payload["plan"], rows)
+    if not args.dry_run:  # on a CPU every figure is empty: the plan says what a GPU would run
+        tables.append(harness.format_table(rows, COLUMNS))
     draw = None if args.no_plot or args.dry_run else lambda p: plot(rows, p)
     count = f"{len(rows)} rows" + (" (dry run: no figures)" if args.dry_run else "")
     out_dir = harness.results_dir(device, args.out)
-    harness.write_results("probe", out_dir, payload, tables=[table], plot=draw, count=count)
+    harness.write_results("probe", out_dir, payload, tables=tables, plot=draw, count=count)
     if failed:
         print(f"probe: FAILED checks: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    if off:
+        cells = ", ".join(f"{r['mode']} pool {r['pool']} batch {r['batch']} ncsl "
+                          f"{r['needs_cpu_seq_lens']}" for r in off)  # fmt: skip
+        print(f"probe: NOT ENGAGED (steps handed back to SGLang, no ratio): {cells}",
+              file=sys.stderr)  # fmt: skip
+    return 1 if failed or off else 0
+
+
+def plan_tables(plan: dict, rows: list) -> list:
+    """The plan: a line per cell (its checks, its device seconds), then what it adds up to."""
+    per, n = plan["estimated_s_per_cell"], len(plan["variants"])
+    cells = []
+    for g in plan["grid"]:
+        mine = [r for r in rows if (r["pool"], r["batch"]) == (g["pool"], g["batch"])]
+        checked = {(r["variant"], r["needs_cpu_seq_lens"]): r["ok"] for r in mine}
+        cells.append(g | {"modes": " + ".join(plan["modes"]), "variants": n,
+                          "checked_ok": sum(v is True for v in checked.values()),
+                          "failed": sum(v is False for v in checked.values()),
+                          **{f"device_s_{m}": per[m] for m in plan["modes"]}})  # fmt: skip
+    cols = ["pool", "batch", "modes", "variants", "checked_ok", "failed"]
+    head = harness.format_table(cells, cols + [f"device_s_{m}" for m in plan["modes"]])
+    names = ", ".join(f"{v['variant']}:{v['needs_cpu_seq_lens']}" for v in plan["variants"])
+    return [
+        head,
+        f"plan: {len(plan['grid'])} cells x {len(plan['modes'])} modes x {n} variants = "
+        f"{plan['rows']} rows, {plan['rounds']} rounds x {plan['steps']} steps + "
+        f"{plan['warmup']} warm-up a variant; about {plan['estimated_device_s']} s "
+        f"({plan['estimated_device_min']} min) of device time with {plan['setup_s']:.0f} s of "
+        f"set-up, within --budget-s {plan['budget_s']:.0f}; queued steps carry "
+        f"{plan['filler_us']:.0f} µs of GEMMs ("
+        f"{'calibrated' if plan['filler_calibrated'] else '1.5 x --busy-us until a GPU calibrates'}"
+        f")\nvariants (name:ncsl): {names}",
+    ]
 
 
 if __name__ == "__main__":

@@ -60,11 +60,10 @@ class HostBound:
     window: int
     arm: Callable[[], None] = field(default=lambda: None, compare=False)  # what it needs first
 
-    def covers(self, batch) -> bool:
-        """A graphed decode step: anything else (a mixed chunk, a batch above the largest
-        graph, whose stock plan reads the device anyway) is SGLang's step."""
+    def covers(self, batch, n: int) -> bool:
+        """A graphed decode step of ``n`` requests: anything else (a mixed chunk, a batch
+        above the largest graph, whose stock plan reads the device anyway) is SGLang's."""
         mode = getattr(batch, "forward_mode", None)
-        n = len(getattr(batch, "req_pool_indices_cpu", None) or ())
         return mode is not None and mode.is_decode() and 0 < n <= self.max_bs
 
     def check(self, batch, lens) -> None:

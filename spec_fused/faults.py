@@ -19,7 +19,22 @@ import logging
 import re
 from typing import NoReturn, Optional
 
-__all__ = ["STICKY_CODES", "StickyDeviceFault", "is_sticky_fault", "raise_if_sticky"]
+from spec_fused.kernels.checks import InputError, InputTypeError, PoisonedSlotError
+
+__all__ = [
+    "CALLERS_ERRORS",
+    "STICKY_CODES",
+    "StickyDeviceFault",
+    "is_sticky_fault",
+    "raise_if_sticky",
+    "step_failed",
+]
+
+# The caller's fault (bad input, raised before anything is written) or a caught bug
+# (SGLang's own debug assertions, the consume-once check): raised as they are, never a
+# reason to change backend. Anything else - Triton's launcher raises ValueError and
+# TypeError for its own failures too - is the backend's.
+CALLERS_ERRORS = (InputError, InputTypeError, AssertionError, PoisonedSlotError)
 
 # cudaError_t codes after which the context is unusable ("sticky" in CUDA's words; cuda.h:
 # "the process must be terminated and relaunched"), with the text cudaGetErrorString gives
@@ -102,3 +117,12 @@ def _escape(exc: BaseException, where: str, logger: Optional[logging.Logger]) ->
     wrapped = StickyDeviceFault(f"{exc}\n{note}")
     setattr(wrapped, _NOTED, True)
     raise wrapped from exc
+
+
+def step_failed(exc: BaseException, where: str) -> None:
+    """Raise ``exc`` if it is the caller's or a sticky device fault (noted, naming
+    spec_fused and ``SPEC_FUSED_DISABLE=1``); return if a backend failed, for the caller
+    to step down."""
+    if isinstance(exc, CALLERS_ERRORS):
+        raise exc
+    raise_if_sticky(exc, where)

@@ -90,7 +90,7 @@ def _blocking_copy(on_device, dst, src, non_blocking=False) -> bool:
     return (
         isinstance(src, torch.Tensor)
         and on_device(src)
-        and dst.device.type == "cpu"
+        and not on_device(dst)  # a host destination
         and not (non_blocking and dst.is_pinned())
     )
 

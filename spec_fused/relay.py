@@ -29,9 +29,9 @@ import torch
 
 from spec_fused.caps import SpecCaps, decide
 from spec_fused.cuda_ops import ops_for, unsupported_device
-from spec_fused.faults import raise_if_sticky
+from spec_fused.faults import raise_if_sticky, step_failed
 from spec_fused.kernels.backend import explain_relay_backend, ignored_force_backend
-from spec_fused.kernels.checks import InputError, InputTypeError, PoisonedSlotError
+from spec_fused.kernels.checks import InputError, InputTypeError
 from spec_fused.kernels.step_launcher import StepLauncher
 from spec_fused.log import log_once
 from spec_fused.measured import handed_to_sglang
@@ -47,24 +47,11 @@ live_relays: weakref.WeakSet[FusedRelay] = weakref.WeakSet()  # remove() lands w
 # A CPU relay's seq_lens_sum: up to this many, sum(tolist()) beats torch's (0.3-0.5 µs
 # against 1.5 µs on the project's 2-core CPU).
 _PY_SUM_MAX = 64
-# The caller's fault (bad input, raised before anything is written) or a caught bug
-# (SGLang's own debug assertions, the consume-once check): raised as they are, never a
-# reason to change backend. Anything else - Triton's launcher raises ValueError and
-# TypeError for its own failures too - is the backend's.
-CALLERS_ERRORS = (InputError, InputTypeError, AssertionError, PoisonedSlotError)
+_NO_HOST_INDICES = "no host indices matching future_indices"
 
 
 class HandToSGLang(Exception):
     """This step is SGLang's: what was pending has landed; SGLang's own method runs it."""
-
-
-def step_failed(exc: BaseException, where: str) -> None:
-    """Raise ``exc`` if it is the caller's or a sticky device fault (noted, naming
-    spec_fused and ``SPEC_FUSED_DISABLE=1``); return if a backend failed, for the caller
-    to step down."""
-    if isinstance(exc, CALLERS_ERRORS):
-        raise exc
-    raise_if_sticky(exc, where, logger)
 
 
 def future_map_caps(fm, *, worker=None, host_bound=None) -> SpecCaps:
@@ -214,15 +201,13 @@ class FusedRelay:
             return
         event = fm.publish_ready
         exact = self.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
-        if self.bound is not None and not self.bound.covers(batch):
+        if self.bound is not None and not self.bound.covers(batch, fi.shape[0]):
             self._hand_back("a step the worker's host bound does not cover", "")
         if exact and self.on_cuda:
             host = getattr(batch, "req_pool_indices_cpu", None)  # upstream's FIXME: == fi
             staged = self.launcher.stage_host_indices(host, fi)
             if staged is None or event is None:
-                self._hand_back(
-                    "no publish yet" if event is None else "no host indices matching future_indices"
-                )
+                self._hand_back("no publish yet" if event is None else _NO_HOST_INDICES)
             if self.debug:
                 self._consume_once(fm, event)
             return self._resolve_exact_cuda(batch, staged, event)
@@ -263,16 +248,17 @@ class FusedRelay:
         raise HandToSGLang(why)
 
     def _resolve_exact_cuda(self, batch, staged, event) -> None:
-        """The private stream, gated on ``publish_ready`` only: host indices up, the launch,
-        the row ``[*lens, sum]`` down; the host waits for that stream alone. Everything it
-        wrote is complete when the host returns, so no other stream waits for it."""
-        launcher, stream = self.launcher, self.relay_stream
-        stream.wait_event(event)
-        pending = self.pending
+        """The private stream: host indices up, the wait for ``publish_ready`` alone, the
+        launch, the row ``[*lens, sum]`` down; the host waits for that stream, so all it
+        wrote is done when the host returns and no other stream waits. The upload precedes
+        the wait: it carries host indices, nothing the forward writes (safe: test_stream_order)."""
+        launcher, stream, pending = self.launcher, self.relay_stream, self.pending
         pi, pv = pending or (None, None)
         try:
             with self.relay_stream_ctx:
-                out = self._launch(launcher.upload_host_indices(staged), pi, pv, True)
+                gi = launcher.upload_host_indices(staged)
+                stream.wait_event(event)
+                out = self._launch(gi, pi, pv, True)
                 launcher.row_to_host(out)
         finally:  # also when a launch raised: nothing it enqueued outlives the step
             self.done_event.record(stream)

@@ -14,18 +14,35 @@ def _lines(paths) -> int:
 
 
 def test_the_package_and_its_tools_stay_within_their_budgets():
-    assert _lines(SOURCES) <= 4_500
+    # 4,500 until issue 37: the tools' 210 lines below (no serving code grew).
+    # 4,600 until issue 38: the bound variant, DFLASH on FlashInfer without the FutureMap's
+    # host wait - integration/flashinfer_plan.py (~225: the pinned plan buffer's guard, a
+    # safety need, and where the bound may stand), caps.HostBound (~50: which steps it
+    # covers, its debug check); host_waits.py (~195), the per-step host-wait counter the
+    # issue asks for as its instrument (no maintained tool counts waits per scheduler
+    # step: torch's sync detector misses Event.synchronize and knows no step).
+    assert _lines(SOURCES) <= 5_150
     # 1,000 until issue 34: tools/timing.py (203 lines) times a relay step as serving sees
     # it - queued behind a busy GPU, blocked time apart from host time, ABBA rounds - for
     # selftest and bench/probe.py; torch.utils.benchmark and do_bench time an idle GPU.
-    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_275
+    # 1,275 until issue 37: tools/forward.py (~100 lines), the graphed bf16 GEMMs queued
+    # cells run behind (a sleep kernel left the SMs free) and bench/ab_loop.py's forward,
+    # in the package because timing.py needs it and cannot import bench/; the engagement
+    # check (a step handed back to SGLang reads as "level"), its verdict, selftest's grid
+    # and time budget (~110 lines in timing.py and selftest.py).
+    # 1,500 until issue 38: impact.py's DFLASH + FlashInfer row (host waits 2 -> 1 where
+    # the release plans DFLASH from host lengths) and doctor's line for it.
+    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_530
     assert _lines([PACKAGE / "kernels" / "publish_gather.py"]) <= 250
-    # 2,500 until issue 38: the FlashInfer lease (bench/flashinfer_carry.py 300 lines,
-    # flashinfer_check.py 510, flashinfer_cell.py 270) checks FlashInfer 0.7.2's real fa2
+    # 2,500 until issue 37: the pytest-benchmark kernel sweep (test_kernel_bench.py and
+    # its conftest, ~150) the issue brings back, the carry's one size check (carry.py,
+    # ~60), the EAGLE-like exact cell and per-block engagement check in ab_loop.py.
+    # 2,700 until issue 38: the FlashInfer lease (flashinfer_carry.py ~290 lines,
+    # flashinfer_check.py ~510, flashinfer_cell.py ~275) checks FlashInfer 0.7.2's real fa2
     # wrapper planned by SGLang's fast_prefill_plan on a GPU - bound against exact plans, the
     # pinned-buffer race with and without the guard, the loop A/B - and builds and proves the
     # trimmed carry that check needs. Neither SGLang nor FlashInfer maintains such a check.
-    assert _lines((ROOT / "bench").rglob("*.py")) <= 3_600
+    assert _lines((ROOT / "bench").rglob("*.py")) <= 3_800
 
 
 def test_no_module_or_class_outgrows_its_budget():

@@ -129,6 +129,45 @@ def test_the_facts_spec_fused_reads_are_the_releases():
     assert event in scheduler
 
 
+def _source(module: str) -> str:
+    """A module's source, read, not imported (FlashInfer's backend pulls GPU kernels)."""
+    return open(importlib.util.find_spec(module).origin, encoding="utf-8").read()
+
+
+def _function(src: str, qualname: str) -> str:
+    scope, node = ast.parse(src).body, None
+    for part in qualname.split("."):
+        node = next(n for n in scope if getattr(n, "name", None) == part)
+        scope = node.body
+    return ast.unparse(node)
+
+
+@in_range
+def test_dflash_plans_flashinfer_from_host_lengths_where_the_release_says():
+    """The bound variant's facts (``integration/flashinfer_plan.py``), read per release:
+    capture installs the no-readback ``fast_prefill_plan`` for a graphed DFLASH verify,
+    the worker hands it ``nxt_kv_lens_cpu`` for the draft and the verify when
+    ``seq_lens_cpu`` is None, and the plan passes the wrapper's one pinned buffer to
+    FlashInfer (the hazard the guard exists for) - together exactly where the bound
+    variant is allowed."""
+    from spec_fused.integration.flashinfer_plan import BOUND_RELEASES
+
+    flashinfer = _source("sglang.srt.layers.attention.flashinfer_backend")
+    capture = _function(flashinfer, "FlashInferAttnBackend.init_forward_metadata_out_graph")
+    worker = _function(
+        _source("sglang.srt.speculative.dflash_worker_v2"),
+        "DFlashWorkerV2.forward_batch_generation",
+    )
+    plan = _function(flashinfer, "fast_prefill_plan")
+    installs = (
+        "SpecInputType.DFLASH_VERIFY" in capture and "partial(fast_prefill_plan, w)" in capture
+    )
+    substitutes = worker.count("elif draft_input.nxt_kv_lens_cpu is not None:") >= 2
+    assert "self._pin_memory_int_workspace_buffer" in plan
+    assert (installs and substitutes) is _expected().host_plan
+    assert (VERSION in BOUND_RELEASES) is _expected().host_plan
+
+
 @pytest.mark.skipif(VERSION != "0.5.14", reason="only 0.5.14 fenced DFLASH's own writes")
 def test_the_fence_check_finds_0_5_14s_verify_done():
     """The one fact that would drop the barrier, read from the real 0.5.14 wheel (its plan

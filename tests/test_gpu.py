@@ -13,9 +13,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+# Each test has a limit of its own (pytest-timeout, carried to the GPU as a wheel), by the
+# "thread" method: a test hung in a CUDA call never returns to Python, so "signal"'s SIGALRM
+# handler would never run; the timer thread dumps every stack and ends the process. The
+# outcomes before it are on disk already (bench/gpu_check.sh runs pytest -v, unbuffered).
+TEST_TIMEOUT_S = 30
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.timeout(TEST_TIMEOUT_S, method="thread"),
 ]
 
 from spec_fused import log  # noqa: E402
@@ -98,19 +104,29 @@ def test_a_row_reaches_the_host_in_one_copy_and_host_memory_is_refused(kernel_la
     assert kernel_launches.count == 1
 
 
-def test_poison_on_gpu_is_reported_after_a_sync():
+def test_poison_on_gpu_is_reported_by_the_launch_that_gathers_it():
+    """Debug mode's consume-once check on CUDA: the first launch that gathers an unpublished
+    slot (2, still -1) raises ``PoisonedSlotError(slot=2)``, after the sync that reads the
+    kernel's flag. Synchronous on purpose: SGLang's check (``_DEBUG_ASSERT``) is a device
+    assert (``torch._assert_async``), which kills the CUDA context and names no slot; ours
+    costs a sync per step in debug mode only, names the slot, and the context lives on."""
     buf = torch.full((64,), -1, dtype=torch.int64, device=DEV)
     pg = StepLauncher(buf, poison=True)
-    pg.launch_checked(
-        torch.tensor([1, 2], device=DEV),
-        torch.tensor([1], device=DEV),
-        torch.tensor([5], device=DEV),
+    with pytest.raises(PoisonedSlotError) as info:
+        pg.launch_checked(
+            torch.tensor([1, 2], device=DEV),
+            torch.tensor([1], device=DEV),
+            torch.tensor([5], device=DEV),
+            False,
+        )
+    assert info.value.slot == 2
+    out = pg.launch_checked(
+        torch.tensor([3], device=DEV),
+        torch.tensor([3], device=DEV),
+        torch.tensor([7], device=DEV),
         False,
     )
-    torch.cuda.synchronize()
-    with pytest.raises(PoisonedSlotError) as info:
-        pg.launch_checked(torch.tensor([3], device=DEV), None, None, False)
-    assert info.value.slot == 2
+    assert out.cpu().tolist() == [7]  # the flag was reset, and the context serves on
 
 
 # ----------------------------------------------------------------------- the direct launch
@@ -509,74 +525,6 @@ def test_debug_mode_checks_slot_values_on_cuda_too():
 
 # ----------------------------------------------------------------------- first contact
 
-_FAULTING_CHILD = """
-import json, torch, triton, triton.language as tl
-from spec_fused.faults import is_sticky_fault
-
-@triton.jit
-def far_store(ptr):
-    tl.store(ptr + tl.full([1], 1 << 40, tl.int64), tl.full([1], 1, tl.int64))
-
-x = torch.zeros(1, dtype=torch.int64, device="cuda")
-seen = []
-for step in ("fault", "next launch"):
-    try:
-        far_store[(1,)](x)
-        torch.cuda.synchronize()
-    except Exception as exc:
-        seen.append({"step": step, "sticky": is_sticky_fault(exc), "type": type(exc).__name__,
-                     "text": str(exc).splitlines()[0][:200]})
-print(json.dumps({"seen": seen}), flush=True)  # the process may not exit cleanly
-"""
-
-
-def _child(tmp_path, source: str):
-    """Run ``source`` in its own process from a file (Triton's ``@jit`` reads its source)."""
-    import subprocess
-    import sys
-
-    script = tmp_path / "child.py"
-    script.write_text(source)
-    return subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
-    )
-
-
-def test_a_real_sticky_fault_is_recognised_as_one(tmp_path):
-    """What a real illegal address raises here - at the synchronize, and from the next
-    launch on the dead context - is what spec_fused.faults calls sticky."""
-    import json
-
-    done = _child(tmp_path, _FAULTING_CHILD)
-    lines = done.stdout.strip().splitlines()
-    assert lines, f"the child printed nothing (rc {done.returncode}): {done.stderr[-2000:]}"
-    seen = json.loads(lines[-1])["seen"]
-    assert seen and all(s["sticky"] for s in seen), seen
-
-
-_FAULTING_CANARY = """
-import torch, triton, triton.language as tl
-from spec_fused.kernels import canary, publish_gather
-
-@triton.jit
-def far_store(ptr):
-    tl.store(ptr + tl.full([1], 1 << 40, tl.int64), tl.full([1], 1, tl.int64))
-
-publish_gather.launch_triton = lambda a: far_store[(1,)](a.out)
-try:
-    canary.canary("cuda:0")
-except Exception as exc:
-    print("\\n".join([str(exc), *getattr(exc, "__notes__", [])]), flush=True)
-"""
-
-
-def test_a_kernel_that_faults_in_the_canary_stops_start_up_naming_the_kill_switch(tmp_path):
-    """In its own process (the context dies): the canary's fault escapes with the note
-    that names spec_fused and SPEC_FUSED_DISABLE=1, before anything is served."""
-    done = _child(tmp_path, _FAULTING_CANARY)
-    assert "start-up canary on cuda:0" in done.stdout, done.stdout + done.stderr[-2000:]
-    assert "SPEC_FUSED_DISABLE=1" in done.stdout
-
 
 def test_the_canary_says_what_it_cost_here():
     backend_mod._verdicts.clear()
@@ -670,3 +618,91 @@ def test_without_the_override_an_exact_future_map_keeps_sglangs_relay(monkeypatc
     gpu_only = make_future_map("EAGLE", cfg, device=DEV, needs_cpu_seq_lens=False)
     gpu_only.publish(torch.tensor([3], device=DEV), torch.tensor([30], device=DEV))
     assert relay_mod.relay_for(gpu_only) is not None
+
+
+# ------------------------------------------ last: children whose CUDA context dies
+# Last in the file, so a child that hangs costs only what follows it: nothing.
+CHILD_TIMEOUT_S = 40
+CHILD_LIMIT = pytest.mark.timeout(CHILD_TIMEOUT_S + 15, method="thread")  # the child, then us
+
+_FAULTING_CHILD = """
+import json, torch, triton, triton.language as tl
+from spec_fused.faults import is_sticky_fault
+
+@triton.jit
+def far_store(ptr):
+    tl.store(ptr + tl.full([1], 1 << 40, tl.int64), tl.full([1], 1, tl.int64))
+
+x = torch.zeros(1, dtype=torch.int64, device="cuda")
+seen = []
+for step in ("fault", "next launch"):
+    try:
+        far_store[(1,)](x)
+        torch.cuda.synchronize()
+    except Exception as exc:
+        seen.append({"step": step, "sticky": is_sticky_fault(exc), "type": type(exc).__name__,
+                     "text": str(exc).splitlines()[0][:200]})
+print(json.dumps({"seen": seen}), flush=True)  # the process may not exit cleanly
+"""
+
+
+def _child(tmp_path, source: str) -> str:
+    """Run ``source`` in its own process from a file (Triton's ``@jit`` reads its source);
+    what it printed. A child whose context died may hang on exit after printing its
+    finding: it is killed at CHILD_TIMEOUT_S, and what it printed still counts."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(source)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
+        )
+        out, err, how = done.stdout, done.stderr, f"rc {done.returncode}"
+    except subprocess.TimeoutExpired as exc:  # its output so far, as bytes (a POSIX quirk)
+        out, err, how = (_text(exc.stdout), _text(exc.stderr), f"killed at {CHILD_TIMEOUT_S} s")
+    return out + f"\n[child: {how}]\n" + err[-2000:]
+
+
+def _text(data) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
+
+
+@CHILD_LIMIT
+def test_a_real_sticky_fault_is_recognised_as_one(tmp_path):
+    """What a real illegal address raises here - at the synchronize, and from the next
+    launch on the dead context - is what spec_fused.faults calls sticky."""
+    import json
+
+    printed = _child(tmp_path, _FAULTING_CHILD)
+    found = [line for line in printed.splitlines() if line.startswith('{"seen"')]
+    assert found, f"the child printed no finding: {printed}"
+    seen = json.loads(found[-1])["seen"]
+    assert seen and all(s["sticky"] for s in seen), seen
+
+
+_FAULTING_CANARY = """
+import torch, triton, triton.language as tl
+from spec_fused.kernels import canary, publish_gather
+
+@triton.jit
+def far_store(ptr):
+    tl.store(ptr + tl.full([1], 1 << 40, tl.int64), tl.full([1], 1, tl.int64))
+
+publish_gather.launch_triton = lambda a: far_store[(1,)](a.out)
+try:
+    canary.canary("cuda:0")
+except Exception as exc:
+    print("\\n".join([str(exc), *getattr(exc, "__notes__", [])]), flush=True)
+"""
+
+
+@CHILD_LIMIT
+def test_a_kernel_that_faults_in_the_canary_stops_start_up_naming_the_kill_switch(tmp_path):
+    """In its own process (the context dies): the canary's fault escapes with the note
+    that names spec_fused and SPEC_FUSED_DISABLE=1, before anything is served."""
+    printed = _child(tmp_path, _FAULTING_CANARY)
+    finding = printed.split("[child: ")[0]
+    assert "start-up canary on cuda:0" in finding, printed
+    assert "SPEC_FUSED_DISABLE=1" in finding

@@ -132,3 +132,61 @@ def test_scheduler_caps_reach_a_relay_made_earlier(patched_scheduler):
     assert relay.host_seq_lens == "none"  # the backends opt out; no worker claim yet
     barrier_calls(sched, True)
     assert relay.host_seq_lens == "exact" and relay.caps.exact_claimed
+
+
+def test_the_plan_guard_reaches_sglangs_flashinfer_backend_and_the_bound_its_classes():
+    """Applied before FlashInfer's backend is imported (as at start-up, before any graph
+    capture), the guard becomes the module's ``fast_prefill_plan``: what a capture binds
+    and what every replay's ``begin_forward.func is fast_prefill_plan`` compares with.
+    Then DFLASH's real worker with two real FlashInfer backends gets its bound exactly on
+    the releases that plan a graphed DFLASH verify from host lengths."""
+    import functools
+    import importlib
+    import importlib.util
+    import types
+
+    from compat.expectations import expectation_for
+
+    from spec_fused.caps import HostBound
+    from spec_fused.integration import flashinfer_plan
+
+    sglang_patch.apply()
+    try:
+        fi = importlib.import_module(flashinfer_plan.MODULE)
+        worker_mod = importlib.import_module(flashinfer_plan.WORKER)
+        for name in (
+            "sglang.srt.speculative.dflash_info_v2",
+            "sglang.srt.mem_cache.allocation_sizing",  # 0.5.19+
+        ):
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+        assert fi.fast_prefill_plan is flashinfer_plan.guard() is not None
+        assert fi.fast_prefill_plan.__wrapped__.__module__ == flashinfer_plan.MODULE
+
+        def backend():
+            b = object.__new__(fi.FlashInferAttnBackend)
+            b.__dict__.update(
+                prefill_backend="fa2", dispatch_reason=None, is_multimodal=False,
+                use_sliding_window_kv_pool=False, is_dllm_model=False,
+                prefill_uses_dequant_workspace=False, prefill_cuda_graph_metadata={},
+            )  # fmt: skip
+            for bs in (1, 8):  # as capture does it for a DFLASH verify (fa2, no mask)
+                w = types.SimpleNamespace(_backend="fa2")
+                w.begin_forward = functools.partial(fi.fast_prefill_plan, w)
+                b.prefill_cuda_graph_metadata[bs] = [w]
+            return b
+
+        worker = object.__new__(worker_mod.DFlashWorkerV2)
+        worker._target_worker = types.SimpleNamespace(
+            model_runner=types.SimpleNamespace(attn_backend=backend())
+        )
+        worker.draft_model_runner = types.SimpleNamespace(attn_backend=backend())
+        worker.block_size, worker.draft_window_size = 16, None
+        sched = types.SimpleNamespace(
+            draft_worker=worker, server_args=types.SimpleNamespace(enable_two_batch_overlap=False)
+        )
+        found = flashinfer_plan.host_bound(sched)
+        assert isinstance(found, HostBound) is expectation_for().host_plan, found
+    finally:
+        sglang_patch.remove()
+    assert fi.fast_prefill_plan is flashinfer_plan.guard()  # never restored under live graphs

@@ -87,9 +87,12 @@ def relay_summary(device) -> str:
 
     if (why := unsupported_device(device)) is not None:
         return f"SGLang's own: {why}"
+    out = "fused relay"
     if (why := handed_to_sglang(device, exact=True)) is not None:
-        return f"fused relay where no backend reads host lengths; where one does, SGLang's: {why}"
-    return "fused relay"
+        out += f" where no backend reads host lengths; where one does, SGLang's: {why}"
+    if (why := handed_to_sglang(device, exact=False, bound=True)) is not None:
+        out += f"; where DFLASH's own bound would serve FlashInfer, SGLang's: {why}"
+    return out
 
 
 def devices() -> dict:

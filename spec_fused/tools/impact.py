@@ -6,8 +6,10 @@ attention backend opts out of host lengths, upstream's step is already GPU-only:
 launch saves launches and host µs. Where one reads them, upstream copies the whole request
 pool to the host and blocks on it every step; the fused step copies ``8·n`` bytes up and
 ``8·(n + 1)`` down instead - and is SGLang's own until a GPU measures it level
-(``spec_fused/measured.py``). FlashInfer then blocks the host again in the same step (its
-planning copies), so there the saving is the copy's µs, not the wait. Read from each
+(``spec_fused/measured.py``). FlashInfer then blocks the host again in the same step for
+EAGLE (its planning copies), so there the saving is the copy's µs, not the wait. DFLASH on
+FlashInfer from 0.5.19 plans its graphed verify without a readback: there the bound
+variant takes the step's wait away altogether (host waits 2 -> 1). Read from each
 release's wheel and held to it by ``tests/tools/test_impact.py``.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from spec_fused.integration.flashinfer_plan import BOUND_RELEASES
 from spec_fused.measured import handed_to_sglang
 from spec_fused.releases import parse
 
@@ -47,13 +50,22 @@ _DFLASH_DRAFTS = [
     ("0.5.17", ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha")),
     ("0.5.20", ("flashinfer", "fa3", "fa4", "triton", "ascend", "trtllm_mha", "intel_xpu")),
 ]
-# FlashInfer's own planning blocks the host in the same step: the multi-step draft copies
-# kv_indptr to the host (.cpu()), a verify plan() copies qo/kv indptr (.to("cpu")).
+# FlashInfer's own planning blocks the host in the same step for the EAGLE family: the
+# multi-step draft copies kv_indptr to the host (.cpu()), a verify plan() copies qo/kv
+# indptr (.to("cpu")). A graphed DFLASH verify plans host-built from 0.5.19 (BOUND_RELEASES).
 FLASHINFER_BLOCKS = (
     "FlashInfer blocks the host later in the step (the draft's kv_indptr .cpu(), the verify "
     "plan()): the saving is the copy's µs, not the wait; from 0.5.23 "
     "SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR=1 and SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN=1 "
     "(EAGLE top-k 1, CUDA graphs) lift them"
+)
+FLASHINFER_BLOCKS_DFLASH = (
+    "FlashInfer blocks the host later in the step (a graphed DFLASH verify's stock plan() "
+    "copies its indptrs; from 0.5.19 it plans without a readback)"
+)
+DFLASH_BOUND = (
+    "DFLASH plans FlashInfer fa2 from its own KV bound, the pinned plan buffer guarded "
+    "(CUDA graphs; no sliding window, draft window, dequant KV or multimodal model)"
 )
 
 
@@ -83,17 +95,21 @@ class Row:
     algorithm: str
     needs_host_lengths: bool
     notes: list = field(default_factory=list)
+    bound: bool = False  # DFLASH's own bound serves every reader of host lengths
 
     @property
     def relayed(self) -> bool:
         """spec_fused relays it on a GPU by default (``spec_fused/measured.py``)."""
-        return handed_to_sglang("cuda", exact=self.needs_host_lengths) is None
+        exact = self.needs_host_lengths and not self.bound
+        return handed_to_sglang("cuda", exact=exact, bound=self.bound) is None
 
     @property
     def saving(self) -> str:
         """What relaying it changes per step."""
         if not self.needs_host_lengths:
             return "nothing that matters: upstream is GPU-only here (2 device ops → 1)"
+        if self.bound:
+            return "8·pool-byte D2H and its wait → none, no host lengths: host waits per step 2 → 1"
         flashinfer = "flashinfer" in self.backend or any("FlashInfer" in n for n in self.notes)
         waits = "the host still waits later" if flashinfer else "the host waits for one stream"
         return f"scatter + gather → 1 launch; 8·pool-byte D2H → 8·n up, 8·(n+1) down; {waits}"
@@ -135,7 +151,12 @@ def configuration(
     if two_batch_overlap:
         row.needs_host_lengths = True
         row.notes.append("two-batch overlap forces host lengths")
-    if row.needs_host_lengths and "flashinfer" in backends:
+    readers = [b for b in dict.fromkeys(backends) if not gpu_only(release, b, algorithm)[0]]
+    dflash_plans_host = algorithm == "DFLASH" and release in BOUND_RELEASES
+    if row.needs_host_lengths and "flashinfer" in backends and algorithm == "DFLASH":
+        row.bound = dflash_plans_host and readers == ["flashinfer"] and not two_batch_overlap
+        row.notes.append(DFLASH_BOUND if row.bound else FLASHINFER_BLOCKS_DFLASH)
+    elif row.needs_host_lengths and "flashinfer" in backends:
         row.notes.append(FLASHINFER_BLOCKS)
     return row
 
@@ -187,9 +208,12 @@ def render_markdown(ranged: list) -> str:
     ]
     for releases, r in ranged:
         read = "read (upstream: 8·pool-byte copy, sync)" if r.needs_host_lengths else "opted out"
-        notes = [
-            n if n != FLASHINFER_BLOCKS else "FlashInfer blocks the host later" for n in r.notes
-        ]
+        short = {
+            FLASHINFER_BLOCKS: "FlashInfer blocks the host later",
+            DFLASH_BOUND: "DFLASH's own bound (fa2, CUDA graphs)",
+        }
+        short[FLASHINFER_BLOCKS_DFLASH] = short[FLASHINFER_BLOCKS]
+        notes = [short.get(n, n) for n in r.notes]
         relayed = "yes" if r.relayed else "no: not measured level yet"
         lines.append(
             f"| {releases} | {r.backend} | {r.algorithm} | {read} | {relayed} | {r.saving} "

@@ -6,11 +6,21 @@ the same backend): the start-up canary; random continuous-batching traces throug
 real ``FutureMap``, patched against unpatched, EAGLE and DFLASH, ``needs_cpu_seq_lens`` 1
 and 0 (on CUDA in SGLang's stream pattern, the GPU-only path under PyTorch's sync
 detector); and one relay step timed beside SGLang's (:mod:`spec_fused.tools.timing`): on
-CUDA queued behind a busy GPU, as serving resolves, and on an idle one; on a CPU the
+CUDA queued behind real GEMMs, as serving resolves, and on an idle GPU; on a CPU the
 production CPU path (the torch reference), never the Triton interpreter, and no GPU claim.
 Configurations spec_fused hands to SGLang by default (:mod:`spec_fused.measured`) are
 checked and timed as they would run (``relayed`` false). A relay that does not engage, or
-gives other lengths than SGLang, fails (exit 1).
+gives other lengths than SGLang, fails (exit 1); so does a relayed timed cell in which one
+step was handed back to SGLang (``engaged`` false: no ratio, it would time SGLang twice).
+
+The timed grid (:func:`grid`): the exact step first, pool 1,024 first (SGLang's default is
+2-4 k slots; the smallest pool is the hardest case for the fused step, whose saving over
+upstream's full-pool copy shrinks with it), batches below the pool (SGLang draws distinct
+slots past slot 0, so batch 1,024 does not fit 1,024 slots). On a GPU: pools 1,024 and
+4,096 x batch 1, 32, 256 (``bench/probe.py`` covers 65,536 slots and batch 1,024), within
+``BUDGET_S`` of the start (a cell starts only if its estimate fits; ``bench/gpu_check.sh``
+gives the whole command 65 s); on a CPU every pool and batch that fits; ``--quick`` pools
+1,024 and 4,096 x batch 1 and 32.
 """
 
 from __future__ import annotations
@@ -30,8 +40,9 @@ from spec_fused.tools import timing
 __all__ = ["relay_arms", "relayed_by_default", "render", "run", "slots"]
 
 ALGORITHMS = ("EAGLE", "DFLASH")
-BATCHES, POOLS = (1, 32, 256, 1024), (4096, 65536)
-BUSY_US = 300.0  # queued mode: the forward's busy kernel before the publish point
+BATCHES, POOLS = (1, 32, 256, 1024), (1024, 4096, 65536)
+BUSY_US = 300.0  # queued mode: the verify's GEMMs before the publish point (the draft: half)
+BUDGET_S = 50.0  # CUDA: the timed cells start only while this many s since run() began fit
 UNMEASURED = {settings.UNMEASURED.name: "1"}
 
 
@@ -123,8 +134,9 @@ def relay_arms(device, pool: int, batch: int, needs_cpu: bool, clock: timing.Clo
     """``([(arm, check)], exact)``: SGLang's relay step and spec_fused's, each on its own real
     ``FutureMap``, on :func:`slots`; spec_fused's relay is made with ``SPEC_FUSED_UNMEASURED=1``
     (timed where it would not relay by default) and on a CPU runs the production CPU path,
-    the torch reference. ``check()`` runs one step on a poisoned buffer and raises unless it
-    resolves the published lengths (and host lengths, where the arm gives them)."""
+    the torch reference; its arm tells the steps it resolved itself. ``check()`` runs one
+    step on a poisoned buffer and raises unless it resolves the published lengths (and
+    host lengths, where the arm gives them)."""
     from spec_fused.integration import sglang_patch
     from spec_fused.relay import gives_host_lengths, relay_for
     from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
@@ -145,9 +157,9 @@ def relay_arms(device, pool: int, batch: int, needs_cpu: bool, clock: timing.Clo
             raise RuntimeError("spec_fused did not relay the timed FutureMap (see the log)")
         if getattr(fm, "fwd_prepare_d2h_stream", None) is not None:
             fm.fwd_prepare_d2h_stream = clock.apart(fm.fwd_prepare_d2h_stream)
-        b = decode_batch(idx)
+        b, engaged = decode_batch(idx), None if relay is None else timing.engagement(fm)
         arm = timing.Arm(name, partial(fm.publish, idx, vals), partial(fm.resolve_seq_lens_cpu, b),
-                         patch)  # fmt: skip
+                         patch, engaged=engaged)  # fmt: skip
         pairs.append(
             (arm, partial(_check, arm, fm, b, vals, needs_cpu if relay is None else exact))
         )
@@ -172,32 +184,45 @@ def relayed_by_default(device, exact: bool) -> bool:
     return handed_to_sglang(device, exact, env={}) is None
 
 
-def _speed(device, quick: bool) -> list:
-    """Per cell (mode x needs_cpu_seq_lens x batch x pool) both sides in ABBA rounds
-    (:mod:`spec_fused.tools.timing`): every round, and spec_fused over SGLang as the median
-    of the rounds' paired ratios."""
+def grid(quick: bool, cuda: bool) -> list:
+    """The timed ``(pool, needs_cpu_seq_lens, batch)``s, in order (module docstring)."""
+    pools = POOLS[:2] if quick or cuda else POOLS
+    batches = BATCHES[:2] if quick else BATCHES[:3] if cuda else BATCHES
+    cells = itertools.product(pools, (True, False), batches)
+    return [(p, n, b) for p, n, b in cells if b < p]
+
+
+def _speed(device, quick: bool, t0: float) -> tuple:
+    """``(cells, filler)``: per cell (mode x needs_cpu_seq_lens x batch x pool) both sides in
+    ABBA rounds (:mod:`spec_fused.tools.timing`): every round, and spec_fused over SGLang as
+    the median of the rounds' paired ratios, where spec_fused's relay resolved every step."""
     from spec_fused.integration import sglang_patch
 
     clock = timing.Clock(device, busy_us=BUSY_US)
-    rounds, steps = (4 if quick else 8), (10 if clock.cuda else 100) * (1 if quick else 2)
-    cells = []
-    for pool, needs_cpu, batch in itertools.product(
-        POOLS[:1] if quick else POOLS, (False, True), BATCHES[:2] if quick else BATCHES
-    ):
+    plan = {"rounds": 4 if quick else 8, "steps": (10 if clock.cuda else 100) * (2 - quick),
+            "warmup": 2}  # fmt: skip
+    cells: list = []
+    for pool, needs_cpu, batch in grid(quick, clock.cuda):
+        modes = timing.MODES if clock.cuda else ("idle",)
+        cell = {"needs_cpu_seq_lens": int(needs_cpu), "batch": batch, "pool": pool}
+        est = [timing.estimate_s(clock, m, 2, **plan, busy_us=BUSY_US) for m in modes]
+        if clock.cuda and time.perf_counter() - t0 + sum(est) > BUDGET_S:
+            cells += [cell | {"mode": m, "skipped": f"budget: {BUDGET_S:.0f} s"} for m in modes]
+            continue
         pairs, exact = relay_arms(device, pool, batch, needs_cpu, clock)
         arms = [check() or arm for arm, check in pairs]
-        for mode in timing.MODES if clock.cuda else ("idle",):
-            r = timing.run(arms, clock, mode=mode, rounds=rounds, steps=steps, seed=len(cells))
+        for mode in modes:
+            r = timing.run(arms, clock, mode=mode, seed=len(cells), **plan)
             up, fused = r["upstream"], r["spec_fused"]
-            cells.append({
-                "mode": mode, "needs_cpu_seq_lens": int(needs_cpu), "batch": batch,
-                "pool": pool, "relayed": relayed_by_default(device, exact),
-                "host_x": timing.paired_x(up["host_us"], fused["host_us"]),
-                "device_x": timing.paired_x(up["device_us"], fused["device_us"]),
+            on = fused["engaged"]
+            cells.append(cell | {
+                "mode": mode, "relayed": relayed_by_default(device, exact), "engaged": on,
+                "host_x": timing.paired_x(up["host_us"], fused["host_us"]) if on else None,
+                "device_x": timing.paired_x(up["device_us"], fused["device_us"]) if on else None,
                 "rounds": r, "busy_us": BUSY_US if mode == "queued" else 0,
             })  # fmt: skip
     sglang_patch.remove()
-    return cells
+    return cells, clock.filler
 
 
 def run(*, quick: bool = False, device: Optional[str] = None) -> dict:
@@ -221,16 +246,21 @@ def run(*, quick: bool = False, device: Optional[str] = None) -> dict:
         _trace(a, n, s, dev, quick) for n in (True, False) for a in ALGORITHMS for s in seeds
     ]
     report["ok"] = all(c["ok"] for c in report["correctness"])
-    report["speed"] = _speed(dev, quick) if report["ok"] else []
+    report["speed"], report["filler"] = _speed(dev, quick, t0) if report["ok"] else ([], None)
+    report["ok"] = report["ok"] and not _not_engaged(report["speed"], relayed=True)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     report["verdict"] = _verdict(report, verdict.notes)
     return report
 
 
+def _not_engaged(speed: list, relayed: bool) -> list:
+    return [c for c in speed if c.get("engaged") is False and c["relayed"] == relayed]
+
+
 def _verdict(report: dict, notes: list) -> str:
     cases, speed = report["correctness"], report.get("speed", [])
-    if not report["ok"]:
-        failed = [c for c in cases if not c["ok"]]
+    failed = [c for c in cases if not c["ok"]]
+    if failed:
         first = failed[0]
         return (
             f"NOT correct here: {len(failed)} of {len(cases)} traces failed (first: "
@@ -238,6 +268,13 @@ def _verdict(report: dict, notes: list) -> str:
             f"{first['why']})"
         )
     text = f"correct here ({len(cases)} traces equal SGLang's)"
+    if off := _not_engaged(speed, relayed=True):
+        c = off[0]
+        return text + (
+            f"; NOT engaged: spec_fused handed timed steps back to SGLang in {len(off)} of "
+            f"the cells it relays (first: {c['mode']}, needs_cpu_seq_lens="
+            f"{c['needs_cpu_seq_lens']}, batch {c['batch']}, pool {c['pool']}): no speed claim"
+        )
     if not report["gpu_times"]:
         text += (
             f"; measured no GPU: host time per relay step "
@@ -245,13 +282,15 @@ def _verdict(report: dict, notes: list) -> str:
             f"CPU path, the torch reference"
         )
     else:
-        queued = [c for c in speed if c["mode"] == "queued"]
+        queued = [c for c in speed if c["mode"] == "queued" and c.get("engaged")]
         mine, handed = [c for c in queued if c["relayed"]], [c for c in queued if not c["relayed"]]
-        text += (
-            f"; queued behind a busy GPU, worst of the {len(mine)} cells it relays: {_worst(mine)}"
-        )
+        text += f"; queued behind GEMMs, worst of the {len(mine)} cells it relays: {_worst(mine)}"
         if handed:
             text += f" (the {len(handed)} it hands to SGLang: {_worst(handed)})"
+        if off := _not_engaged(speed, relayed=False):
+            text += f"; {len(off)} cells it hands to SGLang were not engaged when timed"
+    if skipped := [c for c in speed if c.get("skipped")]:
+        text += f"; {len(skipped)} cells not timed ({skipped[0]['skipped']})"
     return text + (f"; the canary stepped down: {'; '.join(notes)}" if notes else "")
 
 
@@ -278,16 +317,27 @@ def render(report: dict) -> str:
             f"{c['seed']}: {c.get('variant', '-')}, {c.get('backend', '-')}: {result}"
             + ("" if c.get("relayed", True) else " (not relayed by default)")
         )
+    if report.get("filler"):
+        f = report["filler"]
+        out.append(f"  queued: verify {f['verify_us']} µs + draft {f['draft_us']} µs of GEMMs")
     for c in report.get("speed", []):
+        head = (f"  speed {c['mode']:<6} ncsl={c['needs_cpu_seq_lens']} bs={c['batch']:<4} "
+                f"pool={c['pool']:<5} ")  # fmt: skip
+        if c.get("skipped"):
+            out.append(head + f"not timed ({c['skipped']})")
+            continue
         (hu, du), (hf, df) = (
             (timing.median(r["host_us"]), timing.median(r["device_us"]))
             for r in (c["rounds"]["upstream"], c["rounds"]["spec_fused"])
         )
         late = sum(sum(filter(None, r["late"])) for r in c["rounds"].values())
+        on = c["engaged"]
+        ratio = f"{c['host_x']:.2f}x" if on else "NOT ENGAGED: handed back to SGLang"
+        dev = f"; device µs {du:.1f} -> {df:.1f} ({c['device_x']:.2f}x)" if du and on else ""
         out.append(
-            f"  speed {c['mode']:<6} ncsl={c['needs_cpu_seq_lens']} bs={c['batch']:<4} "
-            f"pool={c['pool']:<5} host µs {hu:.1f} -> {hf:.1f} ({c['host_x']:.2f}x)"
-            + (f"; device µs {du:.1f} -> {df:.1f} ({c['device_x']:.2f}x)" if du else "")
+            head
+            + f"host µs {hu:.1f} -> {hf:.1f} ({ratio})"
+            + dev
             + ("" if c["relayed"] else "; not relayed by default")
             + (f"; {late} steps not queued" if late else "")
         )

@@ -28,6 +28,11 @@ moved it is named.
   ``wait_event(self.verify_done)``): no release from 0.5.15 on does.
 * ``war_event``: where ``_apply_war_barrier`` finds the forward's read-done event:
   ``war_fastpath`` (0.5.15 ... 0.5.17) or ``shared_read`` (0.5.18 on).
+* ``host_plan``: a graphed DFLASH verify on FlashInfer plans from host lengths with no
+  readback (``flashinfer_backend.py``: capture installs ``fast_prefill_plan`` for
+  ``DFLASH_VERIFY``), which DFLASH's worker fills with ``nxt_kv_lens_cpu`` when
+  ``seq_lens_cpu`` is None, draft and verify alike: 0.5.19 on. Before, the stock
+  ``plan()`` copies the device indptr to the host: it waits anyway.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class Release:
     tbo_from: str
     war_event: str
     fences: bool = False
+    host_plan: bool = False
 
 
 _R = "reserved_seq_lens_cpu"
@@ -75,11 +81,19 @@ RELEASES = {
     "0.5.16": Release(_DSPARK, True, True, False, False, False, _R, "False", _SA, _WF),
     "0.5.17": Release(_DSPARK, True, True, False, False, False, _R, "False", _SA, _WF),
     "0.5.18": Release(_DSPARK, True, True, False, False, False, _R, "False", _SA, _SR),
-    "0.5.19": Release(_DSPARK, True, True, True, False, False, _N, "False", _EX, _SR),
-    "0.5.20": Release(_UNO, True, True, True, False, False, _N, "False", _EX, _SR),
-    "0.5.21": Release(_UNO, True, True, True, False, False, _N, "KV-shard pool only", _EX, _SR),
-    "0.5.22": Release(_UNO, True, True, True, False, False, _N, "KV-shard pool only", _EX, _SR),
-    "0.5.23": Release(_UNO, True, True, True, True, True, _N, "KV-shard pool only", _EX, _SR),
+    "0.5.19": Release(
+        _DSPARK, True, True, True, False, False, _N, "False", _EX, _SR, host_plan=True
+    ),
+    "0.5.20": Release(_UNO, True, True, True, False, False, _N, "False", _EX, _SR, host_plan=True),
+    "0.5.21": Release(
+        _UNO, True, True, True, False, False, _N, "KV-shard pool only", _EX, _SR, host_plan=True
+    ),
+    "0.5.22": Release(
+        _UNO, True, True, True, False, False, _N, "KV-shard pool only", _EX, _SR, host_plan=True
+    ),
+    "0.5.23": Release(
+        _UNO, True, True, True, True, True, _N, "KV-shard pool only", _EX, _SR, host_plan=True
+    ),
 }
 
 

@@ -67,16 +67,21 @@ def fake(monkeypatch):
 
 
 def test_exact_lengths_wait_for_the_publish_only_and_the_host_for_that_stream(fake):
-    """Host indices up, the one launch, its row down: all on the private stream gated on
-    ``publish_ready`` alone; the host waits for that stream's event, and no stream waits
-    on the device (everything was done when the host returned)."""
+    """Host indices up, the one launch, its row down: all on the private stream, the
+    launch gated on ``publish_ready`` alone; the host waits for that stream's event, and
+    no stream waits on the device (everything was done when the host returned).
+
+    The upload is enqueued before the wait, so it is done by the publish point instead of
+    trailing it: it reads only the pinned staging the host just wrote (rewritten by the
+    next step's host, after this step's wait) and writes the device upload buffer, which
+    only this launch reads, behind it on the same stream. Nothing the forward writes."""
     ops, fm = fake.ops, fake.fm
     batch = decode_batch([1, 2], CFG)
     fm.resolve_seq_lens_cpu(batch)  # on the schedule stream
     relay = fake.relay.relay_stream.name
     assert ops.log == [
-        (relay, "wait_event", fake.ready),  # gated on publish_ready, nothing else
-        (relay, "copy", "host indices up"),
+        (relay, "copy", "host indices up"),  # depends on nothing the forward writes
+        (relay, "wait_event", fake.ready),  # the launch gated on publish_ready, nothing else
         (relay, "launch", "row"),  # the one launch, on the private stream
         (relay, "copy", "row down"),
         (relay, "record", fake.done),

@@ -1,33 +1,35 @@
 """The decode-loop A/B's plan and its loop, proven on CPU.
 
 Why: ``bench/ab_loop.py`` runs only on a lent GPU, where no time is left to find a bug;
-its dry run is held here to what issue 34 asks of it: every cell (concurrency 1 to 256 x
-exact host lengths or GPU-only) and every arm (A, B, and C where host lengths are exact)
-planned, rows with every promised key and null figures, at least 4 rounds, a GPU
-estimate within the budget, and on CPU without ``--dry-run`` a refusal. The dry run drives
-every arm's loop through SGLang's real ``FutureMap``; a relay that hands back wrong
-lengths must stop it. Nothing here times anything.
+its dry run is held here to what issues 34 and 37 ask of it: every cell (concurrency 1 to
+256 x NGRAM-like, EAGLE-like exact with its draft, GPU-only; pools 4,096 and, for exact
+host lengths, 1,024) and every arm (A, B, and C where host lengths are exact) planned,
+rows with every promised key and null figures, at least 4 rounds, a GPU estimate within
+the budget, and on CPU without ``--dry-run`` a refusal. The dry run drives every arm's
+loop through SGLang's real ``FutureMap``; a relay that hands back wrong lengths must stop
+it, and one that hands steps back to SGLang reads "not engaged". Nothing here times
+anything.
 """
 
 import contextlib
 import io
-import itertools
 import json
 import os
 import sys
 
 import pytest
 import torch
+from support.hand_back import plant_hand_backs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-pytest.importorskip("sglang.srt.managers.overlap_utils")
 
 from bench import ab_loop, measure  # noqa: E402
 
 ROW_KEYS = {
     "config",
     "needs_cpu_seq_lens",
+    "draft",
+    "pool",
     "concurrency",
     "arms",
     "rounds",
@@ -39,6 +41,7 @@ ROW_KEYS = {
     "steps_per_s",
     "gpu_idle_us_per_step",
     "relayed",
+    "engaged",
     "skipped",
 }
 
@@ -57,7 +60,8 @@ def test_the_dry_run_writes_the_promised_schema(dry_run):
     assert {"sglang", "torch", "triton", "python"} <= set(data["versions"])
     plan = data["plan"]
     assert plan["rounds"] >= 4 and plan["order"] == "ABBA then BAAB"
-    assert 0 < plan["estimated_device_s"] <= plan["budget_s"] <= 240
+    assert 0 < plan["least_device_s"] < plan["estimated_device_s"] <= plan["budget_s"] == 200
+    assert plan["estimated_device_min"] == round(plan["estimated_device_s"] / 60, 1)
     assert plan["forward"]["verify_layers"] >= 1 and "4096x28672" in plan["forward"]["layer"]
     assert "busy loop" in plan["host_work_us"] and plan["barrier"] in ("read_done", "coarse")
     for row in data["rows"]:
@@ -68,19 +72,27 @@ def test_the_dry_run_writes_the_promised_schema(dry_run):
         figures = [row[k] for k in ("b_over_a", "band", "c_over_a", "c_band")]
         figures += [*row["steps_per_s"].values(), *row["gpu_idle_us_per_step"].values()]
         assert figures == [None] * len(figures) and row["rounds"] == 0
-        assert row["skipped"] is None
+        assert row["skipped"] is None and row["engaged"] is True  # B's 3 toy steps, its own
     assert not (out / "ab_loop.png").exists()  # a dry run has nothing to plot
 
 
 def test_every_cell_and_arm_is_planned(dry_run):
     data, _ = dry_run
-    want = set(itertools.product((1, 8, 32, 64, 128, 256), (True, False)))
+    kinds = {  # exact host lengths, a draft after the publish, pools
+        "NGRAM-like": (True, False, (4096, 1024)),
+        "EAGLE-like exact": (True, True, (4096, 1024)),
+        "DFLASH/EAGLE-like": (False, True, (4096,)),
+    }
+    want = {(bs, label, pool) for bs in (1, 8, 32, 64, 128, 256)
+            for label, (_, _, pools) in kinds.items() for pool in pools}  # fmt: skip
     for cells in (data["plan"]["cells"], data["rows"]):
-        assert {(c["concurrency"], c["needs_cpu_seq_lens"]) for c in cells} == want
+        assert {(c["concurrency"], c["config"], c["pool"]) for c in cells} == want
         assert len(cells) == len(want)
         for c in cells:  # C only where host lengths are exact (GPU-only: C is A in kind)
+            assert (c["needs_cpu_seq_lens"], c["draft"]) == kinds[c["config"]][:2]
             assert c["arms"] == (["A", "B", "C"] if c["needs_cpu_seq_lens"] else ["A", "B"])
     assert set(data["plan"]["arms"]) == {"A", "B", "C"}
+    assert data["plan"]["forward"]["draft_layers"]["EAGLE-like exact"] >= 1
 
 
 def test_relayed_is_what_spec_fused_does_on_cuda_by_default(dry_run, monkeypatch):
@@ -113,14 +125,27 @@ def test_the_rounds_alternate_abba_then_baab():
 
 def test_a_relay_that_resolves_wrong_lengths_stops_the_loop():
     args = ab_loop.parse(["--dry-run"])
-    loop = ab_loop.Loop(torch.device("cpu"), 8, args, ab_loop.TOY, torch.float32)
+    loop = ab_loop.Loop(torch.device("cpu"), 8, args, ab_loop.TOY, torch.float32).at(4096)
     measure.set_patched(False)
-    fm, _ = measure.arm_future_map("NGRAM", "cpu", ab_loop.POOL, fused=False)
+    fm, _ = measure.arm_future_map("NGRAM", "cpu", 4096, fused=False)
     loop.block(fm, "A", True, 3)  # as shipped: the lengths check out
     publish = type(fm).publish
     fm.publish = lambda fi, lens: publish(fm, fi, lens + 1)  # an off-by-one relay
     with pytest.raises(RuntimeError, match="wrong lengths"):
         loop.block(fm, "A", True, 3)
+
+
+def test_a_relay_that_hands_steps_back_reads_not_engaged(monkeypatch, tmp_path):
+    """Every other step handed back to SGLang (the lengths stay right: SGLang resolves
+    them): each block of B says so, every cell reads "not engaged" with no ratio, and the
+    exit status is 1. Catching a retire alone would pass this loop."""
+    handed = plant_hand_backs(monkeypatch)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        rc = ab_loop.main(["--dry-run", "--concurrency", "8", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "ab_loop.json").read_text())["rows"]
+    assert rc == 1 and handed and len(rows) == 5  # every config and pool at concurrency 8
+    assert all(r["engaged"] is False and r["b_over_a"] is None for r in rows)
+    assert all(r["skipped"].startswith("not engaged: B's relay resolved") for r in rows)
 
 
 def test_a_row_pairs_each_round_and_the_plot_draws(tmp_path):
@@ -130,11 +155,13 @@ def test_a_row_pairs_each_round_and_the_plot_draws(tmp_path):
         "B": [(110.0, 45.0), (180.0, 40.0), (105.0, 55.0), (100.0, 50.0)],
         "C": [(120.0, 5.0), (240.0, 4.0), (120.0, 6.0), (120.0, 5.0)],
     }
-    row = ab_loop.make_row(args, 8, True, samples, steps=50)
+    row = ab_loop.make_row(args, 8, "EAGLE-like exact", 1024, samples, steps=50, engaged=True)
     assert row["band"] == pytest.approx([0.9, 1.1]) and row["b_over_a"] == pytest.approx(1.025)
     assert row["c_over_a"] == pytest.approx(1.2) and row["c_band"] == pytest.approx([1.2, 1.2])
     assert row["steps_per_s"]["A"] == 100.0 and row["gpu_idle_us_per_step"]["C"] == 5.0
-    gpu_only = ab_loop.make_row(args, 8, False, {k: samples[k] for k in "AB"}, steps=50)
+    assert (row["needs_cpu_seq_lens"], row["draft"], row["pool"]) == (True, True, 1024)
+    gpu_only = ab_loop.make_row(args, 8, "DFLASH/EAGLE-like", 4096, {k: samples[k] for k in "AB"},
+                                steps=50)  # fmt: skip
     assert gpu_only["c_over_a"] is None and set(gpu_only["steps_per_s"]) == {"A", "B"}
     ab_loop.plot([row, gpu_only], tmp_path / "ab_loop.png")
     assert (tmp_path / "ab_loop.png").stat().st_size > 0

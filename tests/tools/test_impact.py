@@ -120,7 +120,8 @@ def test_every_row_says_where_it_helps_from_the_host_lengths(algorithm):
         if algorithm == "DFLASH" and backend not in impact._at(VERSION, impact._DFLASH_DRAFTS):
             draft = "flashinfer"  # DFLASH's draft falls back to it
         flashinfer = "flashinfer" in (backend, draft)
-        assert ("host still waits later" in row.verdict) is (row.needs_host_lengths and flashinfer)
+        waits_later = row.needs_host_lengths and flashinfer and not row.bound
+        assert ("host still waits later" in row.verdict) is waits_later
     assert impact.configuration(
         VERSION, "triton", "EAGLE", two_batch_overlap=True
     ).needs_host_lengths
@@ -136,9 +137,29 @@ def test_flashinfer_blocks_the_host_later_in_the_step_as_the_rows_say():
     src = module_source("sglang.srt.layers.attention.flashinfer_backend")
     assert "self.kv_indptr[:, : bs + 1].cpu()" in src
     assert impact.FLASHINFER_BLOCKS in impact.configuration(VERSION, "flashinfer", "EAGLE").notes
+    assert (
+        impact.FLASHINFER_BLOCKS not in impact.configuration(VERSION, "flashinfer", "DFLASH").notes
+    )
     for flag in (
         "SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR",
         "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN",
     ):
         assert flag in impact.FLASHINFER_BLOCKS
         assert (flag in src) is (parse(VERSION) >= parse("0.5.23")), flag
+
+
+def test_dflash_on_flashinfer_loses_a_host_wait_exactly_where_the_release_plans_from_the_host():
+    """0.5.19+: a graphed DFLASH verify plans FlashInfer from host lengths with no readback
+    (``fast_prefill_plan``; tests/test_compat.py reads it per release), so DFLASH's own
+    bound takes the step's FutureMap wait away: 2 host waits a step -> 1, not relayed
+    until a GPU measures it. Before, the stock plan() blocks the host anyway."""
+    from compat.expectations import RELEASES
+
+    row = impact.configuration(VERSION, "flashinfer", "DFLASH")
+    assert row.bound is RELEASES[VERSION].host_plan and row.needs_host_lengths
+    assert ("host waits per step 2 → 1" in row.verdict) is row.bound
+    assert (impact.DFLASH_BOUND in row.notes) is row.bound
+    assert (impact.FLASHINFER_BLOCKS_DFLASH in row.notes) is not row.bound
+    assert not row.relayed and "not measured level" in row.verdict
+    assert not impact.configuration(VERSION, "flashinfer", "DFLASH", two_batch_overlap=True).bound
+    assert not impact.configuration(VERSION, "flashinfer", "EAGLE").bound

@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.hand_back import plant_hand_backs
 
 from spec_fused.tools import selftest, timing
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-CELL_KEYS = {"mode", "needs_cpu_seq_lens", "batch", "pool", "host_x", "device_x", "relayed"}
+CELL_KEYS = {"mode", "needs_cpu_seq_lens", "batch", "pool", "host_x", "device_x", "relayed",
+             "engaged"}  # fmt: skip
 
 
 def test_the_command_passes_here_and_times_the_production_cpu_path(tmp_path):
@@ -44,12 +46,13 @@ def test_the_command_passes_here_and_times_the_production_cpu_path(tmp_path):
     assert "cases match the torch reference" in report["canary"]
     speed = report["speed"]
     assert all(CELL_KEYS <= c.keys() for c in speed)
-    assert {(c["needs_cpu_seq_lens"], c["batch"]) for c in speed} == {
-        (n, b) for n in (0, 1) for b in selftest.BATCHES[:2]
+    assert {(c["pool"], c["needs_cpu_seq_lens"], c["batch"]) for c in speed} == {
+        (p, n, b) for p in (1024, 4096) for n in (0, 1) for b in selftest.BATCHES[:2]
     }
-    for c in speed:  # every round kept, both sides in each
+    for c in speed:  # every round kept, both sides in each, every step the relay's own
         rounds = [len(c["rounds"][arm]["host_us"]) for arm in ("upstream", "spec_fused")]
-        assert rounds[0] == rounds[1] >= 4 and c["host_x"] > 0
+        assert rounds[0] == rounds[1] >= 4 and c["host_x"] > 0 and c["engaged"] is True
+        assert c["rounds"]["upstream"]["engaged"] is None
     assert not report["gpu_times"]
     # on a CPU: idle only (there is no GPU queue to wait behind), no device figure
     assert {c["mode"] for c in speed} == {"idle"}
@@ -68,21 +71,52 @@ def test_relayed_is_the_default_decision_whatever_the_environment_says(monkeypat
     assert selftest.relayed_by_default("cpu", True) is True
 
 
+def test_the_grid_fits_each_batch_in_its_pool_and_times_the_exact_step_first():
+    """SGLang's slots are distinct and past slot 0: batch 1,024 does not fit a 1,024-slot
+    pool, so that cell is not in the grid; pool 1,024 is (the fused step's hardest case)."""
+    for quick, cuda in ((False, True), (False, False), (True, True)):
+        cells = selftest.grid(quick, cuda)
+        assert cells[0] == (1024, True, 1) and all(b < p for p, _, b in cells)
+        assert {p for p, _, _ in cells} >= {1024, 4096}
+    assert (1024, True, 1024) not in selftest.grid(False, False)
+    assert len(selftest.grid(False, True)) == 2 * 2 * 3  # the probe covers the rest
+
+
+def test_a_relayed_cell_with_a_step_handed_back_fails_and_shows_no_ratio(monkeypatch):
+    """A hand-back times SGLang against itself (about 1.00x, which passes every threshold).
+    Every other step of every relay handed back: the traces stay right (SGLang resolves
+    those steps), but each timed cell is "not engaged", with no ratio, and the verdict
+    fails."""
+    handed = plant_hand_backs(monkeypatch)
+    monkeypatch.setattr(selftest, "grid", lambda quick, cuda: [(64, True, 4), (64, False, 4)])
+    report = selftest.run(quick=True)
+    assert handed and all(c["ok"] for c in report["correctness"])
+    assert not report["ok"] and "NOT engaged" in report["verdict"]
+    assert [c["engaged"] for c in report["speed"]] == [False, False]
+    assert all(c["host_x"] is None and c["device_x"] is None for c in report["speed"])
+    assert "NOT ENGAGED" in selftest.render(report)
+
+
 def test_the_gpu_verdict_quotes_the_queued_cells():
     """The one line a user reads quotes the worst queued figures over the cells spec_fused
     relays, and the cells it hands to SGLang apart."""
 
     def cell(mode, relayed, x):
-        return {"mode": mode, "relayed": relayed, "host_x": x, "device_x": x + 0.5}
+        where = {"needs_cpu_seq_lens": 1, "batch": 1, "pool": 1024}
+        return where | {"mode": mode, "relayed": relayed, "host_x": x, "device_x": x + 0.5,
+                        "engaged": True}  # fmt: skip
 
     speed = [cell("queued", True, 0.9), cell("queued", True, 0.95), cell("idle", True, 3.0)]
     speed.append(cell("queued", False, 1.2))
     report = {"ok": True, "gpu_times": True, "correctness": [{"ok": True}], "speed": speed}
     verdict = selftest._verdict(report, [])
-    assert verdict.startswith("correct here (1 traces equal SGLang's); queued behind a busy GPU")
+    assert verdict.startswith("correct here (1 traces equal SGLang's); queued behind GEMMs")
     assert "worst of the 2 cells it relays: host 0.95x, device 1.45x" in verdict
     assert "the 1 it hands to SGLang: host 1.20x, device 1.70x" in verdict
     assert "3.00x" not in verdict and "measured no GPU" not in verdict
+    off = speed[0] | {"engaged": False, "host_x": None, "device_x": None}
+    verdict = selftest._verdict(report | {"speed": [off, *speed[1:]]}, [])
+    assert "NOT engaged" in verdict and "queued behind" not in verdict
 
 
 @pytest.mark.parametrize(
@@ -190,3 +224,47 @@ def test_rounds_alternate_abba_and_every_round_is_kept():
         timing.run(arms, timing.Clock("cpu"), mode="queued", rounds=2, steps=1, seed=0)
     assert timing.paired_x([1.0, 2.0, 4.0], [2.0, 2.0, 2.0]) == 1.0
     assert timing.paired_x(None, [1.0]) is None
+
+
+def test_one_step_not_engaged_in_a_block_or_the_warm_up_marks_the_arm():
+    """``engaged`` is asked after every step, warm-up included; one False anywhere marks
+    the arm, and its per-round counts say where. Arms without the check say None."""
+    for bad in (1, 3, 14):  # the warm-up, the first round, the last (call 0: the baseline)
+        calls = iter(range(100))
+        arm = timing.Arm("relay", lambda: None, lambda: None,
+                         engaged=lambda c=calls, b=bad: next(c) != b)  # fmt: skip
+        other = timing.Arm("sglang", lambda: None, lambda: None)
+        out = timing.run([arm, other], timing.Clock("cpu"), mode="idle", rounds=4, steps=3,
+                         seed=0, warmup=2)  # fmt: skip
+        assert out["relay"]["engaged"] is False and out["sglang"]["engaged"] is None
+        counted = [out["relay"]["warmup_engaged"], *out["relay"]["engaged_steps"]]
+        assert sum(counted) == 2 + 4 * 3 - 1
+    good = timing.Arm("relay", lambda: None, lambda: None, engaged=lambda: True)
+    out = timing.run([good], timing.Clock("cpu"), mode="idle", rounds=2, steps=3, seed=0)
+    assert out["relay"]["engaged"] is True
+
+
+def test_engagement_sees_a_hand_back_that_a_launch_count_misses(monkeypatch):
+    """A hand-back lands the pending publish (one launch) and SGLang resolves: one launch a
+    step, as when the relay resolves. ``timing.engagement`` tells them apart."""
+    from spec_fused.integration import sglang_patch
+    from spec_fused.relay import relay_for
+    from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
+
+    sglang_patch.apply()
+    try:
+        fm = make_future_map("EAGLE", TraceConfig(pool=64, max_len=1), needs_cpu_seq_lens=True)
+        launcher, engaged = relay_for(fm).launcher, timing.engagement(fm)
+        idx, vals = torch.tensor([3, 5]), torch.tensor([30, 50])
+        batch = decode_batch(idx)
+        engaged()
+        seen, handed = [], plant_hand_backs(monkeypatch)
+        for _ in range(4):  # resolved, handed back, resolved, handed back
+            before = launcher.step
+            fm.publish(idx, vals)
+            fm.resolve_seq_lens_cpu(batch)
+            seen.append((launcher.step - before, engaged()))
+        assert seen == [(1, True), (1, False)] * 2 and len(handed) == 2
+        assert batch.seq_lens.tolist() == [30, 50]  # SGLang resolved it, right
+    finally:
+        sglang_patch.remove()

@@ -1,0 +1,133 @@
+"""SGLang's real ``fast_prefill_plan`` on a CPU, planning into a stand-in FlashInfer wrapper
+whose device work runs in a queue the test advances.
+
+``fast_prefill_plan`` is read from the installed release's ``flashinfer_backend.py`` (its
+module pulls the model stack) and executed as written; its fingerprint is the recorded
+one. The stand-in wrapper's ``_cached_module.plan`` does what FlashInfer's C++ plan does
+to the host: it writes the plan into the pinned buffer it is handed and enqueues an
+asynchronous copy of that buffer into the device workspace, with no sync. The
+:class:`Gpu` runs queued work only when the test says, so a copy reads the pinned buffer
+as it is when the GPU gets to it: a host rewrite in between shows as a verify that reads
+another step's plan - the bug the guard exists for.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import typing
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from spec_fused.integration import code_check
+
+MODULE = "sglang.srt.layers.attention.flashinfer_backend"
+
+
+def real_fast_prefill_plan():
+    """The installed release's ``fast_prefill_plan``, compiled alone from its source."""
+    path = Path(importlib.util.find_spec(MODULE).origin)
+    src = path.read_text(encoding="utf-8")
+    node = next(
+        n
+        for n in ast.parse(src).body
+        if isinstance(n, ast.FunctionDef) and n.name == "fast_prefill_plan"
+    )
+    namespace = {"torch": torch, **{n: getattr(typing, n) for n in ("Optional", "Union")}}
+    exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
+    fn = namespace["fast_prefill_plan"]
+    recorded = code_check.fingerprint_source_file(path, ["fast_prefill_plan"])
+    assert code_check._fingerprint_node(node) == recorded["fast_prefill_plan"]
+    return fn
+
+
+class Gpu:
+    """One stream of queued device work; ``run()`` executes it up to a point."""
+
+    def __init__(self):
+        self.queue: list = []  # callables, in stream order
+        self.done = 0
+
+    def enqueue(self, work) -> int:
+        self.queue.append(work)
+        return len(self.queue)
+
+    def run(self, upto=None) -> None:
+        upto = len(self.queue) if upto is None else upto
+        while self.done < upto:
+            self.queue[self.done]()
+            self.done += 1
+
+
+def event_class(gpu: Gpu, log: list):
+    """``torch.cuda.Event`` on :class:`Gpu`: ``record`` marks the queue, ``query`` says
+    whether the GPU got past it, ``synchronize`` runs it there (a host wait, logged)."""
+
+    class Event:
+        def __init__(self):
+            self.at = 0
+
+        def record(self, stream=None):
+            self.at = len(gpu.queue)
+
+        def query(self):
+            return gpu.done >= self.at
+
+        def synchronize(self):
+            log.append(("host waits", self.at))
+            gpu.run(self.at)
+
+    return Event
+
+
+def wrapper(gpu: Gpu, name: str, log: list, bs: int = 2):
+    """A CUDA-graph fa2 prefill wrapper of batch size ``bs`` (SGLang's are per batch size)
+    as far as ``fast_prefill_plan`` touches it."""
+    device_ws = torch.zeros(4, dtype=torch.int64)
+    w = SimpleNamespace(
+        name=name,
+        is_cuda_graph_enabled=True,
+        _backend="fa2",
+        _max_total_num_rows=None,
+        _custom_mask_buf=None,
+        _float_workspace_buffer=torch.zeros(1),
+        _int_workspace_buffer=device_ws,
+        _pin_memory_int_workspace_buffer=torch.zeros(4, dtype=torch.int64),
+        _qo_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32),
+        _paged_kv_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32),
+        _paged_kv_last_page_len_buf=torch.zeros(bs, dtype=torch.int32),
+        _paged_kv_indices_buf=torch.zeros(4096, dtype=torch.int32),
+        device=torch.device("cpu"),
+    )
+
+    def plan(*args):
+        pinned, kv_lens = args[2], args[5]
+        pinned.fill_(int(kv_lens.sum()))  # the host writes the plan
+        log.append(("host writes", name, pinned.data_ptr()))
+
+        def copy(src=pinned):  # FlashInfer's cudaMemcpyAsync, no sync
+            device_ws.copy_(src)
+
+        gpu.enqueue(copy)
+        return [int(kv_lens.sum())]
+
+    w._cached_module = SimpleNamespace(plan=plan)
+    return w
+
+
+def plan_step(fast_prefill_plan, w, kv_lens: torch.Tensor) -> None:
+    """One ``fast_prefill_plan`` call as SGLang's ``call_begin_forward`` makes it for a
+    DFLASH verify of ``len(kv_lens)`` requests of 4 tokens each."""
+    bs, width = kv_lens.shape[0], 4
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(kv_lens.to(torch.int32), 0)
+    qo_indptr = torch.arange(0, (bs + 1) * width, width, dtype=torch.int32)
+    fast_prefill_plan(
+        w, qo_indptr, kv_indptr, torch.zeros(int(kv_indptr[-1]), dtype=torch.int32),
+        torch.ones(bs, dtype=torch.int32), 8, 8, 128, 1, q_data_type=torch.bfloat16,
+        kv_data_type=torch.bfloat16, custom_mask=None, non_blocking=True,
+        qo_indptr_host=qo_indptr, kv_indptr_host=kv_indptr,
+        kv_lens_host=kv_lens.to(torch.int32), max_q_len=width, max_kv_len=int(kv_lens.max()),
+    )  # fmt: skip
