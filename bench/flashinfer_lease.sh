@@ -73,7 +73,7 @@ stage() {  # $1 = name, $2 = limit (s), rest = command; output to lease.log
 DRY=()
 if [[ $DRY_RUN == 1 ]]; then
   export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1 TORCHDYNAMO_DISABLE=1
-  DRY=(--dry-run --concurrency 1)
+  DRY=(--dry-run --concurrency 1,8)
   if [[ -f $CARRY/manifest.json ]]; then  # the carry, listed (installed on a GPU only)
     stage carry 60 bash -c "ls -l '$CARRY' '$CARRY/wheels' && tar -tJf '$CARRY/flashinfer.tar.xz' | grep -c . \
       && tar -tJf '$CARRY/flashinfer.tar.xz' | grep 'data/aot/.*\.so$'"
