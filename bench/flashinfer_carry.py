@@ -275,6 +275,27 @@ def build(a) -> int:
     return 0
 
 
+def verify(carry: Path) -> list:
+    """What the built carry lacks of its own manifest (the lease runs this first, on CPU and
+    on the GPU): every file the compile reads and the specs open, the prebuilt module (by its
+    hash), SGLang's two modules the lease uses, every wheel."""
+    manifest = json.loads((carry / "manifest.json").read_text())
+    with tarfile.open(carry / "flashinfer.tar.xz") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        so = tar.extractfile(members[manifest["so"][0]]) if manifest["so"][0] in members else None
+        so_hash = hashlib.sha256(so.read()).hexdigest() if so else None
+    with tarfile.open(carry / "sglang.tar.xz") as tar:
+        sgl = set(tar.getnames())
+    want = [f"flashinfer/{p}" for p in manifest["deps"] + manifest["opened"]]
+    missing = [p for p in want if p not in members]
+    if so_hash != manifest["so"][1]:
+        missing.append(f"{manifest['so'][0]} (sha256 {so_hash})")
+    for path in ("srt/managers/overlap_utils.py", "srt/layers/attention/flashinfer_backend.py"):
+        missing += [] if f"sglang/{path}" in sgl else [f"sglang/{path}"]
+    wheels = [n for n in manifest["sizes"] if n.startswith("wheels/")]
+    return missing + [n for n in wheels if not (carry / n).is_file()]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--wheels"), p.add_argument("--work"), p.add_argument("--out")
@@ -283,7 +304,12 @@ def main(argv=None) -> int:
     p.add_argument("--scan", help="(internal) scan the tree at this root, print JSON")
     p.add_argument("--ws"), p.add_argument("--build", action="store_true")
     p.add_argument("--aot", action="store_true")
+    p.add_argument("--verify", help="check a built carry against its manifest, print what lacks")
     a = p.parse_args(argv)
+    if a.verify:
+        missing = verify(Path(a.verify))
+        print(f"flashinfer_carry: {a.verify}: " + (f"MISSING {missing}" if missing else "complete"))
+        return 1 if missing else 0
     if a.scan:
         print(json.dumps(scan(Path(a.scan), Path(a.ws), build=a.build, aot=a.aot)))
         return 0

@@ -74,14 +74,14 @@ DRY=()
 if [[ $DRY_RUN == 1 ]]; then
   export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1 TORCHDYNAMO_DISABLE=1
   DRY=(--dry-run --concurrency 1,8)
-  if [[ -f $CARRY/manifest.json ]]; then  # the carry, listed (installed on a GPU only)
-    stage carry 60 bash -c "ls -l '$CARRY' '$CARRY/wheels' && tar -tJf '$CARRY/flashinfer.tar.xz' | grep -c . \
-      && tar -tJf '$CARRY/flashinfer.tar.xz' | grep 'data/aot/.*\.so$'"
+  if [[ -f $CARRY/manifest.json ]]; then  # the carry, checked (installed on a GPU only)
+    stage carry 60 "$PYTHON" -m bench.flashinfer_carry --verify "$CARRY"
   else
     echo "carry: not built here (bash bench/flashinfer_carry.sh); the GPU run needs it" | tee -a "$ENV_TXT"
   fi
 else
   [[ -f $CARRY/manifest.json ]] || { echo "flashinfer_lease: no carry at $CARRY" >&2; exit 4; }
+  stage carry 60 "$PYTHON" -m bench.flashinfer_carry --verify "$CARRY"
   stage install 120 bash -c "rm -rf '$SITE' && mkdir -p '$SITE' \
     && tar -xJf '$CARRY/flashinfer.tar.xz' -C '$SITE' && tar -xJf '$CARRY/sglang.tar.xz' -C '$SITE' \
     && '$PYTHON' -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target '$SITE' '$CARRY'/wheels/*.whl"

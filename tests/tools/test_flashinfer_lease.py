@@ -6,6 +6,7 @@ the race - SGLang's real ``fast_prefill_plan`` and spec_fused's real guard, on a
 copies wait until the host synchronizes - must tear the plan without the guard and never with
 it; and the carry's trim keeps what the scan found and nothing else."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -61,6 +62,38 @@ def test_the_trim_keeps_the_python_what_the_scan_found_and_the_prebuilt_module(t
     assert sorted(kept) == sorted([*(files[i] for i in (0, 1, 3, 5, 6)),
                                    "flashinfer/data/aot/u/u.so"])  # fmt: skip
     assert sorted(str(p.relative_to(trim)) for p in trim.rglob("*") if p.is_file()) == sorted(kept)
+
+
+def test_a_carry_is_complete_only_with_every_file_of_its_manifest(tmp_path):
+    def build(carry, files, so=b"\x7fELF"):
+        (carry / "wheels").mkdir(parents=True)
+        (carry / "wheels" / "x.whl").write_bytes(b"w")
+        for name, members in (("flashinfer", files), ("sglang", ["overlap_utils"])):
+            src = tmp_path / f"src-{carry.name}-{name}"
+            for m in members:
+                path = src / ("sglang/srt/managers/overlap_utils.py" if name == "sglang" else m)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(so if m.endswith(".so") else b"x")
+            if name == "sglang":
+                other = src / "sglang/srt/layers/attention/flashinfer_backend.py"
+                other.parent.mkdir(parents=True)
+                other.write_bytes(b"x")
+            flashinfer_carry.pack(src, carry / f"{name}.tar.xz")
+        so_name = "flashinfer/data/aot/u/u.so"
+        manifest = {"deps": ["data/include/a.h"], "opened": ["data/csrc/t.jinja"],
+                    "so": [so_name, hashlib.sha256(b"\x7fELF").hexdigest(), 4],
+                    "sizes": {"wheels/x.whl": 1}}  # fmt: skip
+        (carry / "manifest.json").write_text(json.dumps(manifest))
+        return flashinfer_carry.verify(carry)
+
+    whole = [
+        "flashinfer/data/include/a.h",
+        "flashinfer/data/csrc/t.jinja",
+        "flashinfer/data/aot/u/u.so",
+    ]
+    assert build(tmp_path / "ok", whole) == []
+    assert build(tmp_path / "lacks", whole[1:]) == ["flashinfer/data/include/a.h"]
+    assert build(tmp_path / "other-so", whole, so=b"stale")[0].startswith("flashinfer/data/aot")
 
 
 def test_compile_times_read_the_last_build_of_each_object_from_ninja_log():
