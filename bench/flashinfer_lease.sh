@@ -19,8 +19,9 @@ set -uo pipefail
 usage() {
   cat <<'EOF'
 usage: bash bench/flashinfer_lease.sh OUTDIR [--dry-run]
-Stage limits (seconds): PROBE_TIMEOUT [60], CHECK_TIMEOUT [240: covers FlashInfer compiling
-the module if the prebuilt one does not load], CELL_TIMEOUT [180]. PYTHON [python3].
+Stage limits (seconds): carry 30, install 60, PROBE_TIMEOUT [45], CHECK_TIMEOUT [240: covers
+FlashInfer compiling the module if the prebuilt one does not load], CELL_TIMEOUT [150]:
+525 in all, inside a device call of timeout_s 540. PYTHON [python3].
 CARRY [.carry/flashinfer], SITE [/tmp/fi-site].
 EOF
 }
@@ -36,8 +37,8 @@ done
 [[ -z $OUTDIR ]] && { usage >&2; exit 2; }
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3} CARRY=${CARRY:-$ROOT/.carry/flashinfer} SITE=${SITE:-/tmp/fi-site}
-PROBE_TIMEOUT=${PROBE_TIMEOUT:-60} CHECK_TIMEOUT=${CHECK_TIMEOUT:-240}
-CELL_TIMEOUT=${CELL_TIMEOUT:-180}
+PROBE_TIMEOUT=${PROBE_TIMEOUT:-45} CHECK_TIMEOUT=${CHECK_TIMEOUT:-240}
+CELL_TIMEOUT=${CELL_TIMEOUT:-150}
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd)
 cd "$ROOT"
 export HF_HUB_OFFLINE=1 PIP_NO_INDEX=1 PYTHONUNBUFFERED=1 TQDM_DISABLE=1
@@ -55,7 +56,7 @@ minutes() { awk -v s="$1" 'BEGIN { printf "%.1f", s / 60 }'; }
   echo "# lease plan (minutes; 15 a session, starts included): machine start 1.5-2.0," \
        "install 0.3, probe <= $(minutes "$PROBE_TIMEOUT"), check <= $(minutes "$CHECK_TIMEOUT")" \
        "(~1 with the prebuilt module), cell <= $(minutes "$CELL_TIMEOUT");" \
-       "at most $(minutes $(( 120 + 20 + PROBE_TIMEOUT + CHECK_TIMEOUT + CELL_TIMEOUT ))) in all"
+       "at most $(minutes $(( 120 + 90 + PROBE_TIMEOUT + CHECK_TIMEOUT + CELL_TIMEOUT ))) in all"
 } | tee "$ENV_TXT"
 
 FAILED=0
@@ -75,14 +76,14 @@ if [[ $DRY_RUN == 1 ]]; then
   export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1 TORCHDYNAMO_DISABLE=1
   DRY=(--dry-run --concurrency 1,8)
   if [[ -f $CARRY/manifest.json ]]; then  # the carry, checked (installed on a GPU only)
-    stage carry 60 "$PYTHON" -m bench.flashinfer_carry --verify "$CARRY"
+    stage carry 30 "$PYTHON" -m bench.flashinfer_carry --verify "$CARRY"
   else
     echo "carry: not built here (bash bench/flashinfer_carry.sh); the GPU run needs it" | tee -a "$ENV_TXT"
   fi
 else
   [[ -f $CARRY/manifest.json ]] || { echo "flashinfer_lease: no carry at $CARRY" >&2; exit 4; }
-  stage carry 60 "$PYTHON" -m bench.flashinfer_carry --verify "$CARRY"
-  stage install 120 bash -c "rm -rf '$SITE' && mkdir -p '$SITE' \
+  stage carry 30 "$PYTHON" -m bench.flashinfer_carry --verify "$CARRY"
+  stage install 60 bash -c "rm -rf '$SITE' && mkdir -p '$SITE' \
     && tar -xJf '$CARRY/flashinfer.tar.xz' -C '$SITE' && tar -xJf '$CARRY/sglang.tar.xz' -C '$SITE' \
     && '$PYTHON' -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target '$SITE' '$CARRY'/wheels/*.whl"
   export PYTHONPATH="$PYTHONPATH:$SITE" FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws MAX_JOBS=16
