@@ -37,7 +37,12 @@ def test_the_package_and_its_tools_stay_within_their_budgets():
     # 2,500 until issue 37: the pytest-benchmark kernel sweep (test_kernel_bench.py and
     # its conftest, ~150) the issue brings back, the carry's one size check (carry.py,
     # ~60), the EAGLE-like exact cell and per-block engagement check in ab_loop.py.
-    assert _lines((ROOT / "bench").rglob("*.py")) <= 2_700
+    # 2,700 until issue 38: the FlashInfer lease (flashinfer_carry.py ~290 lines,
+    # flashinfer_check.py ~510, flashinfer_cell.py ~275) checks FlashInfer 0.7.2's real fa2
+    # wrapper planned by SGLang's fast_prefill_plan on a GPU - bound against exact plans, the
+    # pinned-buffer race with and without the guard, the loop A/B - and builds and proves the
+    # trimmed carry that check needs. Neither SGLang nor FlashInfer maintains such a check.
+    assert _lines((ROOT / "bench").rglob("*.py")) <= 3_800
 
 
 def test_no_module_or_class_outgrows_its_budget():
