@@ -27,16 +27,12 @@ Usage: ``python -m bench.flashinfer_check --out DIR [--dry-run] [--quick]``.
 """
 
 from __future__ import annotations
-import __future__
 
 import argparse
-import ast
 import contextlib
 import functools
-import importlib.util
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional, Union
 
@@ -62,23 +58,10 @@ def log(msg: str) -> None:
 
 def load_fast_prefill_plan():
     """SGLang's ``fast_prefill_plan``, compiled alone from the installed release's source once
-    its fingerprint is a tested release's; ``(function, {path, fingerprint, releases})``."""
-    from spec_fused.integration.tested_code import TESTED_CODE
-
-    found = importlib.util.find_spec("sglang")  # the top package only: nothing is imported
-    if found is None or found.origin is None:
-        raise RuntimeError("flashinfer_check: SGLang is not installed (bench/flashinfer_carry.sh)")
-    path = Path(found.origin).parent / "srt" / "layers" / "attention" / "flashinfer_backend.py"
-    src = path.read_text(encoding="utf-8")
-    node = next(n for n in ast.parse(src).body if getattr(n, "name", None) == NAME)
-    got = code_check.fingerprint_source_file(path, [NAME])[NAME]
-    releases = [r for r, mods in TESTED_CODE.items() if mods.get(MODULE, {}).get(NAME) == got]
-    if not releases:
-        raise RuntimeError(f"flashinfer_check: {path}'s {NAME} is no tested release's ({got})")
+    its fingerprint is a tested release's; ``(function, {module, releases})``."""
     namespace = {"__name__": MODULE, "torch": torch, "Optional": Optional, "Union": Union}
-    flags = __future__.annotations.compiler_flag  # the module's own `from __future__` import
-    exec(compile(ast.Module([node], []), str(path), "exec", flags=flags), namespace)
-    return namespace[NAME], {"path": str(path), "fingerprint": got, "releases": releases}
+    fn, releases = code_check.tested_function(MODULE, NAME, namespace)
+    return fn, {"module": MODULE, "releases": releases}
 
 
 def plan_view(w) -> dict:

@@ -33,6 +33,7 @@ __all__ = [
     "fingerprint_function",
     "fingerprint_source_file",
     "installed_fingerprints",
+    "tested_function",
     "verdict",
 ]
 
@@ -146,6 +147,30 @@ def fingerprint_source_file(path, qualnames) -> dict:
         node = _find(tree, name)
         out[name] = ABSENT if node is None else _fingerprint_node(node)
     return out
+
+
+def tested_function(module: str, name: str, namespace: dict):
+    """``module.name`` (a module-level function) compiled alone from the installed
+    release's source once its fingerprint is a tested release's, for the checks that must
+    run SGLang's own code where its module cannot be imported (FlashInfer's backend pulls
+    kernels a CPU, or the lent GPU's older torch, cannot load); ``namespace`` holds the
+    names it uses. Returns ``(function, [the releases whose code it is])``."""
+    import importlib.util
+
+    from spec_fused.integration.tested_code import TESTED_CODE
+
+    top = importlib.util.find_spec(module.split(".")[0])  # the top package: nothing imported
+    if top is None or top.origin is None:
+        raise LookupError(f"{module.split('.')[0]} is not installed")
+    path = Path(top.origin).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    node = _find(ast.parse(path.read_text(encoding="utf-8")), name)
+    got = ABSENT if node is None else _fingerprint_node(node)
+    releases = [r for r, code in TESTED_CODE.items() if code.get(module, {}).get(name) == got]
+    if not isinstance(node, ast.FunctionDef) or not releases:
+        raise LookupError(f"{path}: {name} is no tested release's ({got})")
+    flags = __import__("__future__").annotations.compiler_flag  # the module's own import
+    exec(compile(ast.Module([node], []), str(path), "exec", flags=flags), namespace)
+    return namespace[name], releases
 
 
 def _live(module, qualname: str):

@@ -2,21 +2,18 @@
 whose device work runs in a queue the test advances.
 
 ``fast_prefill_plan`` is read from the installed release's ``flashinfer_backend.py`` (its
-module pulls the model stack) and executed as written; its fingerprint is the recorded
-one. The stand-in wrapper's ``_cached_module.plan`` does what FlashInfer's C++ plan does
-to the host: it writes the plan into the pinned buffer it is handed and enqueues an
-asynchronous copy of that buffer into the device workspace, with no sync. The
-:class:`Gpu` runs queued work only when the test says, so a copy reads the pinned buffer
-as it is when the GPU gets to it: a host rewrite in between shows as a verify that reads
-another step's plan - the bug the guard exists for.
+module pulls the model stack) and executed as written, once its fingerprint is a tested
+release's (``code_check.tested_function``). The stand-in wrapper's ``_cached_module.plan``
+does what FlashInfer's C++ plan does to the host: it writes the plan into the pinned
+buffer it is handed and enqueues an asynchronous copy of that buffer into the device
+workspace, with no sync. The :class:`Gpu` runs queued work only when the test says, so a
+copy reads the pinned buffer as it is when the GPU gets to it: a host rewrite in between
+shows as a verify that reads another step's plan - the bug the guard exists for.
 """
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import typing
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -28,19 +25,8 @@ MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 
 def real_fast_prefill_plan():
     """The installed release's ``fast_prefill_plan``, compiled alone from its source."""
-    path = Path(importlib.util.find_spec(MODULE).origin)
-    src = path.read_text(encoding="utf-8")
-    node = next(
-        n
-        for n in ast.parse(src).body
-        if isinstance(n, ast.FunctionDef) and n.name == "fast_prefill_plan"
-    )
     namespace = {"torch": torch, **{n: getattr(typing, n) for n in ("Optional", "Union")}}
-    exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
-    fn = namespace["fast_prefill_plan"]
-    recorded = code_check.fingerprint_source_file(path, ["fast_prefill_plan"])
-    assert code_check._fingerprint_node(node) == recorded["fast_prefill_plan"]
-    return fn
+    return code_check.tested_function(MODULE, "fast_prefill_plan", namespace)[0]
 
 
 class Gpu:
