@@ -49,6 +49,7 @@ CONFIGS = {  # label: algorithm, exact host lengths, a draft after the publish, 
 }
 ABBA = (0, 1, 1, 0, 1, 0, 0, 1)  # 1: the round runs the arms in reverse
 SETUP_S, MIN_STEPS, WARMUP = 20.0, 30, 30
+DRY = ["--dry-run"]
 UNMEASURED = {"SPEC_FUSED_UNMEASURED": "1"}
 NOOP = type("NoOp", (), {"__getattr__": lambda *_: lambda *_: None})()  # CPU streams, events
 
@@ -276,6 +277,12 @@ def parse(argv):
     p = harness.add_common_args(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     p.add_argument("--dry-run", action="store_true", help="the plan only (the one mode on CPU)")
     p.add_argument("--barrier", choices=("read_done", "coarse"), default="read_done")
+    p.add_argument(
+        "--flashinfer",
+        action="store_true",
+        help="the DFLASH + FlashInfer cell "
+        "too (bench/flashinfer_cell.py; on a GPU the FlashInfer carry installed)",
+    )
     for name, default in {"--concurrency": "1,8,32,64,128,256", "--budget-s": 200.0,
                           "--rounds": 8, "--steps": 250, "--host-us": 150.0,
                           "--host-us-per-req": 2.0, "--verify-layers": 4,
@@ -327,6 +334,18 @@ def main(argv=None) -> int:
             log(f"batch {bs} {label} pool {pool}: {rows[-1]['skipped']}")
     measure.set_patched(False)
     gc.unfreeze()
+    if args.flashinfer:  # SGLang's FutureMap and FlashInfer's wrapper: exact A, bound B
+        from bench import flashinfer_cell
+
+        cell = [
+            "--concurrency",
+            ",".join(map(str, args.concurrency)),
+            "--host-us",
+            str(args.host_us),
+        ]
+        payload["flashinfer"] = flashinfer_cell.run(
+            flashinfer_cell.parse(cell + DRY * args.dry_run)
+        )
     payload.update(versions=harness.versions(device), rows=rows)
     payload["config"] = {"wall_s": round(time.monotonic() - T0, 1)}
     show = [dict(r, band=r["band"] and "{:.3f}-{:.3f}".format(*r["band"]),

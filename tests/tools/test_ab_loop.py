@@ -165,3 +165,19 @@ def test_a_row_pairs_each_round_and_the_plot_draws(tmp_path):
     assert gpu_only["c_over_a"] is None and set(gpu_only["steps_per_s"]) == {"A", "B"}
     ab_loop.plot([row, gpu_only], tmp_path / "ab_loop.png")
     assert (tmp_path / "ab_loop.png").stat().st_size > 0
+
+
+def test_the_flashinfer_cell_runs_beside_the_loop_and_counts_one_wait_less(tmp_path):
+    """``--flashinfer``: the DFLASH + FlashInfer cell (bench/flashinfer_cell.py) on SGLang's
+    real FutureMap and SGLang's own fast_prefill_plan, here on its stand-in device: SGLang's
+    step waits once more per step than the bound variant's (the FutureMap's resolve), and
+    the guard never waits."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        argv = ["--dry-run", "--flashinfer", "--concurrency", "1,8", "--out", str(tmp_path)]
+        assert ab_loop.main(argv) == 0
+    cell = json.loads((tmp_path / "ab_loop.json").read_text())["flashinfer"]
+    assert [row["concurrency"] for row in cell["rows"]] == [1, 8]
+    for row in cell["rows"]:
+        waits = row["host_waits_per_step"]
+        assert waits["A"] - waits["B"] == 1, row
+        assert row["guard"]["plans"] > 0 and row["guard"]["waits"] == 0, row
