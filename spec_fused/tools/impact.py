@@ -207,7 +207,7 @@ def render_markdown(ranged: list) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for releases, r in ranged:
-        read = "read (upstream: 8·pool-byte copy, sync)" if r.needs_host_lengths else "opted out"
+        read = "read (pool copy, sync)" if r.needs_host_lengths else "opted out"
         short = {
             FLASHINFER_BLOCKS: "FlashInfer blocks the host later",
             DFLASH_BOUND: "DFLASH's own bound (fa2, CUDA graphs)",
