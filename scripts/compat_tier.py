@@ -235,6 +235,10 @@ def run_pytest(python: Path, tests, pythonpath, junit: Path, extra=()) -> float:
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
     env.setdefault("SPEC_FUSED_HYPOTHESIS_PROFILE", "compat")
     env["TRITON_INTERPRET"] = "1"
+    # Bytecode is written (mostly into the overlay, installed without it): a release's
+    # light run, scheduler run and that run's fresh process import the same modules, and
+    # compiling them anew each time cost 4-5 s a scheduler run.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     t0 = time.perf_counter()
     subprocess.run(
         [
