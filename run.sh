@@ -5,10 +5,10 @@
 #                           README's tables are a maintainer's step: scripts/readme_tables.py)
 #   ./run.sh test [--fast]  set up, then ruff and mypy (a fast gate), then the tests: the
 #                           light tier (kernels under the Triton interpreter, the real
-#                           SGLang 0.5.23 FutureMap) and, unless
-#                           --fast, the compat tier: every supported SGLang release
+#                           SGLang 0.5.23 FutureMap) and, unless --fast, beside it the
+#                           compat tier: every supported SGLang release
 #                           (spec_fused/releases.py), its FutureMap and its real Scheduler,
-#                           beside the e2e tier: the real sglang.Engine on CPU, plugin vs not.
+#                           and the e2e tier: the real sglang.Engine on CPU, plugin vs not.
 #   ./run.sh test --e2e     set up, then the e2e tier alone (tests/e2e, .venv-sched)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -72,26 +72,29 @@ case "$cmd" in
       exit "$sched_rc"
     fi
     export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-full}"
-    echo "== light tier (.venv, SGLang 0.5.23)"
-    .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e tests "$@"
-    # The compat tier (one pytest at a time, one core) and the e2e tier (an engine's
-    # scheduler process beside its driver) side by side: they share no file they write
-    # (overlays go to .compat/, engines to temporary folders). Their logs follow in order.
-    echo "== compat tier and e2e tier, side by side (their logs follow when both are done)"
+    # The three tiers side by side: the e2e tier (an engine's scheduler process beside its
+    # driver, two engines at a time) and the compat tier (one pytest at a time) start
+    # first, then the light tier runs here. One after another, the light tier left a core
+    # idle and the compat tier's last releases ran alone; together, both cores stay busy to
+    # the end. They share no file they write (overlays go to .compat/, engines to
+    # temporary folders, .pytest_cache is the light tier's alone). Their logs follow.
     tier_logs="$(mktemp -d)"
+    trap 'wait "$sched" 2>/dev/null || true; rm -rf "$sched_log" "$tier_logs"' EXIT
     SPEC_FUSED_HYPOTHESIS_PROFILE=compat .venv/bin/python scripts/compat_tier.py \
       >"$tier_logs/compat" 2>&1 & compat=$!
     .venv-sched/bin/python -m pytest -q -s -m e2e -p no:cacheprovider tests/e2e \
       >"$tier_logs/e2e" 2>&1 & e2e=$!
-    compat_rc=0 e2e_rc=0
+    echo "== light tier (.venv, SGLang 0.5.23), beside the compat and e2e tiers (their logs follow)"
+    light_rc=0 compat_rc=0 e2e_rc=0
+    .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e tests "$@" || light_rc=$?
     wait "$compat" || compat_rc=$?
     wait "$e2e" || e2e_rc=$?
     echo "== compat tier: every supported SGLang release, light + scheduler (.venv, .venv-sched): rc $compat_rc"
     cat "$tier_logs/compat"
     echo "== e2e tier: the real sglang.Engine on CPU, SGLang 0.5.23 (.venv-sched): rc $e2e_rc"
     cat "$tier_logs/e2e"
-    rm -rf "$tier_logs"
-    if [ "$compat_rc" != 0 ] || [ "$e2e_rc" != 0 ]; then exit 1; fi
+    if [ "$light_rc" != 0 ]; then echo "== light tier: rc $light_rc" >&2; fi
+    if [ "$light_rc" != 0 ] || [ "$compat_rc" != 0 ] || [ "$e2e_rc" != 0 ]; then exit 1; fi
     ;;
   *)
     echo "usage: ./run.sh bench [--quick|--full ...] | ./run.sh test [--fast|--e2e]" >&2
