@@ -13,6 +13,16 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 cmd="${1:-}"; shift || true
+# the .venv-sched step running in the background: on failure its log, and stop
+sched_wait() {
+  local rc=0
+  wait "$sched" || rc=$?
+  if [ "$rc" != 0 ]; then
+    cat "$sched_log" >&2
+    echo "== setup of .venv-sched ($1) failed: rc $rc" >&2
+    exit "$rc"
+  fi
+}
 has_cuda() { .venv/bin/python -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; }
 
 case "$cmd" in
@@ -45,14 +55,19 @@ case "$cmd" in
     fi
     # what the venvs and release overlays need, printed first so a full disk reads as one
     echo "== disk: $(df -Ph . | awk 'NR==2 {print $4}') free; .venv, .venv-sched and .compat take about 6.5G"
-    bash scripts/setup.sh
     if [ "$fast" = 0 ]; then
-      # .venv-sched (the compat and e2e tiers' venv) is set up while lint runs. Not beside
-      # setup.sh, nor beside the light tier: every editable install rewrites
+      # .venv-sched (the compat and e2e tiers' venv): its packages are installed beside
+      # setup.sh, its editable install of spec_fused after setup.sh's, while lint runs.
+      # Not two editable installs at once, nor one beside the light tier: each rewrites
       # ./spec_fused.egg-info, which the other install and the entry-point tests read.
       sched_log="$(mktemp)"
-      bash scripts/setup_e2e_tier.sh >"$sched_log" 2>&1 & sched=$!
+      bash scripts/setup_e2e_tier.sh --deps >"$sched_log" 2>&1 & sched=$!
       trap 'wait "$sched" 2>/dev/null || true; rm -f "$sched_log"' EXIT
+    fi
+    bash scripts/setup.sh
+    if [ "$fast" = 0 ]; then
+      sched_wait "scripts/setup_e2e_tier.sh --deps"
+      bash scripts/setup_e2e_tier.sh >>"$sched_log" 2>&1 & sched=$!
     fi
     has_cuda || export TRITON_INTERPRET=1
     echo "== lint and types (ruff, mypy on the core)"
@@ -64,13 +79,8 @@ case "$cmd" in
       export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-fast}"
       exec .venv/bin/python -m pytest -q -m "not scheduler and not gpu and not e2e" --ignore=tests/test_scheduler_tier.py --ignore=tests/e2e tests "$@"
     fi
-    sched_rc=0
-    wait "$sched" || sched_rc=$?
+    sched_wait scripts/setup_e2e_tier.sh
     cat "$sched_log" >&2
-    if [ "$sched_rc" != 0 ]; then
-      echo "== setup of .venv-sched (scripts/setup_e2e_tier.sh) failed: rc $sched_rc" >&2
-      exit "$sched_rc"
-    fi
     export SPEC_FUSED_HYPOTHESIS_PROFILE="${SPEC_FUSED_HYPOTHESIS_PROFILE:-full}"
     # The three tiers side by side: the e2e tier (an engine's scheduler process beside its
     # driver, two engines at a time) and the compat tier (one pytest at a time) start
