@@ -15,9 +15,9 @@ newer release the package index serves, which must run or be refused cleanly) th
    trace-equivalence tests, and the relay's FutureMap tests (``tests/relay/``: stream
    order, host lengths, hot path, fallbacks, where it engages), with a few hypothesis
    cases each;
-3. runs the Scheduler tests in the heavy environment (``.venv-sched``) with the same
-   overlay, plus the release's own pins of transformers, tokenizers and xgrammar where
-   they differ from the environment's (another small overlay); where the release's
+3. beside step 2, runs the Scheduler tests in the heavy environment (``.venv-sched``) with
+   the same overlay, plus the release's own pins of transformers, tokenizers and xgrammar
+   where they differ from the environment's (another small overlay); where the release's
    scheduler still does not import on a CPU the row says why;
 4. writes its results to ``.compat/results.json``; ``--results tests/compat/results.json``
    (a maintainer's run) writes the committed ones and renders the README's table.
@@ -230,30 +230,46 @@ def heavy_overlay(sglang_dir: Path, release: str):
     return target
 
 
-def run_pytest(python: Path, tests, pythonpath, junit: Path, extra=()) -> float:
+def start_pytest(python: Path, tests, pythonpath, junit: Path, extra=()) -> tuple:
+    """pytest on ``tests``, started; its output goes to a log beside ``junit`` (two runs of
+    a release go side by side: see :func:`test_release`). Returns (process, log)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
     env.setdefault("SPEC_FUSED_HYPOTHESIS_PROFILE", "compat")
     env["TRITON_INTERPRET"] = "1"
-    t0 = time.perf_counter()
-    subprocess.run(
-        [
-            str(python),
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "junit_family=xunit1",
-            f"--junitxml={junit}",
-            *extra,
-            *tests,
-        ],
-        cwd=ROOT,
-        env=env,
-    )
-    return time.perf_counter() - t0
+    # Bytecode is written (mostly into the overlay, installed without it): a release's
+    # light run, scheduler run and that run's fresh process import the same modules, and
+    # compiling them anew each time cost 4-5 s a scheduler run.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    log = junit.with_suffix(".log")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [
+                str(python),
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-o",
+                "junit_family=xunit1",
+                f"--junitxml={junit}",
+                *extra,
+                *tests,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, log
+
+
+def finish_pytest(run: tuple) -> None:
+    """Wait for a run from :func:`start_pytest`, then print its output."""
+    proc, log = run
+    proc.wait()
+    print(log.read_text(errors="replace"), end="", flush=True)
 
 
 def _cases(junit: Path) -> list:
@@ -327,14 +343,18 @@ def test_release(release: str, work: Path, covered_by: str = "") -> dict:
         f.unlink(missing_ok=True)
     below = status.kind == "older"
     shared = bool(covered_by) and covered_by != release
+    # The light run (.venv) and the scheduler run (.venv-sched) write nothing in common and
+    # go side by side: one after another, the tier was one process at a time, and its last
+    # releases kept one core busy while the other tiers' work was done.
     print(f"[{release}] light tier ({status.kind})", flush=True)
-    run_pytest(
+    light = start_pytest(
         LIGHT_PY,
         LIGHT_TESTS[:1] if below else FACT_TESTS if shared else LIGHT_TESTS,
         [sglang_dir, STANDINS, ROOT],
         light_junit,
         ("-m", "not scheduler and not gpu"),
     )
+    heavy = None
     heavy_note = ""
     if below:
         heavy_note = "refused below the range: nothing to patch"
@@ -345,13 +365,16 @@ def test_release(release: str, work: Path, covered_by: str = "") -> dict:
     else:
         pins = heavy_overlay(sglang_dir, release)
         print(f"[{release}] scheduler tier", flush=True)
-        run_pytest(
+        heavy = start_pytest(
             HEAVY_PY,
             HEAVY_TESTS,
             [p for p in (sglang_dir, pins, STANDINS, ROOT) if p],
             heavy_junit,
             ("-m", "scheduler"),
         )
+    finish_pytest(light)
+    if heavy is not None:
+        finish_pytest(heavy)
     cases = _cases(light_junit) + _cases(heavy_junit)
     cols = {name: column(cases, *spec) for name, spec in COLUMNS.items()}
     if shared:

@@ -1,6 +1,7 @@
 """Serve requests through SGLang's real ``sglang.Engine`` on CPU, one arm at a time.
 
     python tests/e2e/serve.py OUT.json CONFIG[:ARM,...] ...
+    python tests/e2e/serve.py --worker ROOT   # one "OUT ERR CONFIG[:ARM,...]" a line on stdin
 
 Each CONFIG names an algorithm, whether host lengths are read, the ranks and the sizes
 (``configs.py``); ARM is ``A`` (``SPEC_FUSED_DISABLE=1``), ``B`` (the plugin),
@@ -145,10 +146,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def main(argv) -> int:
-    out, items = Path(argv[0]), argv[1:]
-    root = out.parent
-    models = configs.make_models(Path(tempfile.mkdtemp(prefix="models-", dir=root)))
+def serve(out: Path, items, models: dict, root: Path) -> None:
+    """Every arm of every item in turn; the results so far written to ``out`` after each."""
     results = []
     for item in items:
         name, _, arms = item.partition(":")
@@ -165,6 +164,37 @@ def main(argv) -> int:
                 f"e2e: {name} {arm}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True
             )
             out.write_text(json.dumps(results, indent=1))
+
+
+def worker(root: Path) -> int:
+    """Serve one configuration a line of stdin (``OUT ERR CONFIG[:ARM,...]``), its stderr
+    and its engines' into ERR, and answer ``done OUT`` on the stdout this process started
+    with (the engines get none). One driver serves configuration after configuration, so
+    its own start (importing SGLang's engine: some 7 CPU s) is paid once, not once per
+    configuration; each arm is still a fresh engine with its own environment."""
+    answers = os.fdopen(os.dup(1), "w")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    models = configs.make_models(Path(tempfile.mkdtemp(prefix="models-", dir=root)))
+    for line in sys.stdin:
+        out, err, item = line.split()
+        sys.stderr.flush()
+        fd = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+        serve(Path(out), [item], models, root)
+        answers.write(f"done {out}\n")
+        answers.flush()
+    return 0
+
+
+def main(argv) -> int:
+    if argv[:1] == ["--worker"]:
+        return worker(Path(argv[1]))
+    out, items = Path(argv[0]), argv[1:]
+    root = out.parent
+    serve(out, items, configs.make_models(Path(tempfile.mkdtemp(prefix="models-", dir=root))), root)
     return 0
 
 

@@ -8,17 +8,20 @@ step counts, every speculative step's lengths produced by the relay with spec_fu
 Triton kernel (the interpreter on CPU), and drafts that really are accepted. Planted
 faults must fail it, each for its own reason.
 
-Runs in ``.venv-sched`` (``./run.sh test``, ``./run.sh test --e2e``). Each configuration is
-one ``tests/e2e/serve.py`` process (a scheduler that dies takes its engine's process
-down), started from a clean environment; the selected tests' processes all run first,
-``SPEC_FUSED_E2E_JOBS`` (default 2) at a time, longest first, in one temporary folder per
-run. The stand-ins it needs are in ``tests/e2e/site`` (test tier only).
+Runs in ``.venv-sched`` (``./run.sh test``, ``./run.sh test --e2e``). The selected tests'
+configurations are all served first, longest first, by ``SPEC_FUSED_E2E_JOBS`` (default
+2) ``tests/e2e/serve.py`` workers side by side, each started from a clean environment and
+taking the next configuration when done with one (a scheduler that dies takes its
+engine's driver down: a fresh worker serves the next), in one temporary folder per run.
+The stand-ins it needs are in ``tests/e2e/site`` (test tier only).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import select
 import subprocess
 import sys
 import time
@@ -55,30 +58,70 @@ PLANTS = [
 ]
 
 
-def serve(name: str, arms: list[str], root: Path) -> dict:
-    """Run ``arms`` of configuration ``name`` in one serve.py process; arm -> result."""
-    stem = f"{name}-{'_'.join(a.replace(':', '') for a in arms)}"
-    out, err = root / f"{stem}.json", root / f"{stem}.stderr"
-    t0 = time.perf_counter()
-    rc = None
-    with open(err, "w") as stderr:
+def serve_lane(work: queue.SimpleQueue, root: Path) -> list:
+    """Serve configurations taken from ``work`` until it is empty, one after another
+    through one serve.py worker (a fresh one after any that died or hung, the
+    configuration it was serving reported with its stderr): [(config, {arm: result})]."""
+    done, proc = [], None
+    while True:
         try:
-            rc = subprocess.run(
-                [sys.executable, str(HERE / "serve.py"), str(out), f"{name}:{','.join(arms)}"],
-                env=configs.engine_env(THREADS),
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                timeout=CONFIG_TIMEOUT_S,
-            ).returncode
+            name, arms = work.get_nowait()
+        except queue.Empty:
+            break
+        if proc is None:
+            proc, log = _start_worker(root)
+        stem = f"{name}-{'_'.join(a.replace(':', '') for a in arms)}"
+        out, err = root / f"{stem}.json", root / f"{stem}.stderr"
+        t0 = time.perf_counter()
+        try:
+            proc.stdin.write(f"{out} {err} {name}:{','.join(arms)}\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], CONFIG_TIMEOUT_S)
+            answered = bool(ready) and proc.stdout.readline() == f"done {out}\n"
+        except BrokenPipeError:
+            answered = False
+        rc = None
+        if not answered:
+            rc = proc.poll()
+            if rc is None:
+                proc.kill()
+                proc.wait()
+                rc = f"killed after {CONFIG_TIMEOUT_S} s"
+            proc = None
+        wall = time.perf_counter() - t0
+        done.append((name, _results(name, arms, out, err if err.exists() else log, rc, wall)))
+    if proc is not None:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            rc = f"killed after {CONFIG_TIMEOUT_S} s"
-    wall = time.perf_counter() - t0
+            proc.kill()
+    return done
+
+
+def _start_worker(root: Path) -> tuple:
+    """A serve.py worker, and the file its stderr goes to until it serves a configuration."""
+    log = root / f"worker-{time.monotonic_ns()}.stderr"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "serve.py"), "--worker", str(root)],
+            env=configs.engine_env(THREADS),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    return proc, log
+
+
+def _results(name: str, arms, out: Path, err: Path, rc, wall: float) -> dict:
+    """arm -> result; any arm missing gets an error naming the exit and the stderr's tail."""
     results = {r["arm"]: r for r in json.loads(out.read_text())} if out.exists() else {}
     for arm in arms:
         if arm not in results:
             results[arm] = {"arm": arm, "error": f"no result (rc {rc}):\n{_tail(err)}"}
     print(
-        f"e2e {name} {arms}: {wall:.1f} s "
+        f"e2e {name} {list(arms)}: {wall:.1f} s "
         + " ".join(f"{a}={_walls(r.get('wall_s'))}" for a, r in results.items())
     )
     return results
@@ -94,7 +137,7 @@ def _walls(wall) -> str:
 
 
 def _runs_for(items) -> list[tuple[str, tuple]]:
-    """The serve.py processes the selected tests need: (configuration, arms)."""
+    """The configurations the selected tests need: (configuration, arms)."""
     arms: dict = {}
 
     def need(name, *extra):
@@ -124,16 +167,21 @@ def _runs_for(items) -> list[tuple[str, tuple]]:
 
 @pytest.fixture(scope="session")
 def served(request, tmp_path_factory):
-    """Every selected configuration served, JOBS processes at a time, in a folder of this
-    run's own: (config, arm) -> the arm's result."""
+    """Every selected configuration served, longest first, by JOBS serve.py workers side
+    by side, in a folder of this run's own: (config, arm) -> the arm's result."""
     runs = _runs_for(request.session.items)
     root = tmp_path_factory.mktemp("spec_fused_e2e")
-    print(f"\ne2e: {len(runs)} engine processes, {JOBS} at a time, in {root}")
+    print(f"\ne2e: {len(runs)} configurations, {JOBS} engine drivers at a time, in {root}")
+    work: queue.SimpleQueue = queue.SimpleQueue()
+    for run in runs:
+        work.put(run)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=JOBS) as pool:
-        done = list(pool.map(lambda run: (run[0], serve(run[0], list(run[1]), root)), runs))
-    print(f"e2e: {len(runs)} engine processes in {time.perf_counter() - t0:.1f} s")
-    return {(name, arm): result for name, results in done for arm, result in results.items()}
+        lanes = list(pool.map(lambda _: serve_lane(work, root), range(JOBS)))
+    print(f"e2e: {len(runs)} configurations in {time.perf_counter() - t0:.1f} s")
+    return {
+        (name, arm): result for lane in lanes for name, res in lane for arm, result in res.items()
+    }
 
 
 @pytest.mark.parametrize("name", list(configs.CONFIGS))

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import textwrap
 import types
@@ -93,7 +94,15 @@ def expected_refusals(
 
 def _war_barrier_source() -> str:
     spec = importlib.util.find_spec("sglang.srt.managers.scheduler")
-    src = Path(spec.origin).read_text(encoding="utf-8")
+    stat = Path(spec.origin).stat()
+    return _method_source(spec.origin, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _method_source(path: str, mtime_ns: int, size: int) -> str:
+    """Parsed once per version of the file: scheduler.py is some 5,000 lines, and about
+    50 tests of a run read it (0.2 s each, a third of a compat release's light run)."""
+    src = Path(path).read_text(encoding="utf-8")
     for node in ast.parse(src).body:
         if isinstance(node, ast.ClassDef) and node.name == "Scheduler":
             for item in node.body:
