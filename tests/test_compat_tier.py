@@ -175,3 +175,12 @@ def test_the_committed_results_cover_the_list():
 @pytest.mark.parametrize("release", ["0.5.14"])
 def test_the_release_below_the_range_is_in_the_tier(release):
     assert tier.BELOW_RANGE == release and parse(release) < parse(TESTED_RELEASES[0])
+
+
+def test_a_failure_no_column_counts_still_fails_its_release():
+    cases = [
+        ("test_decisions", "test_x", "failed", "boom"),  # counted by "decisions"
+        ("test_new_module", "test_y", "failed", "boom"),  # in the runs, in no column
+        ("test_new_module", "test_z", "passed", ""),
+    ]
+    assert tier.stray_failures(cases) == ["test_new_module::test_y"]
