@@ -33,6 +33,7 @@ __all__ = [
     "fingerprint_function",
     "fingerprint_source_file",
     "installed_fingerprints",
+    "patchable",
     "tested_function",
     "verdict",
 ]
@@ -273,6 +274,21 @@ def _release_key(release: str):
     from spec_fused.releases import parse
 
     return parse(release) or ()
+
+
+def patchable(module, version: str, otherwise: str) -> Optional[CodeVerdict]:
+    """The verdict on ``module``'s code where spec_fused may patch it (a tested release's,
+    or any under ``SPEC_FUSED_ALLOW_UNTESTED=1``); else None, with one log line saying
+    what stays SGLang's (``otherwise``)."""
+    from spec_fused import settings
+    from spec_fused.log import log_once
+
+    found = check_module(module, prefer=version)
+    if found.tested or settings.ALLOW_UNTESTED.on():
+        return found
+    why = "SGLang %s: %s: not tested; %s"
+    log_once(("code", module.__name__), why, version, found.describe(), otherwise)
+    return None
 
 
 def check_module(

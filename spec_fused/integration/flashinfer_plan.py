@@ -37,8 +37,6 @@ from typing import Optional
 
 import torch
 
-from spec_fused import relay as _relay
-from spec_fused import settings
 from spec_fused.caps import HostBound
 from spec_fused.faults import raise_if_sticky
 from spec_fused.integration import code_check
@@ -125,14 +123,8 @@ def patch(module, version: str) -> None:
     release's (``code_check``), once; it stays for the process (module docstring)."""
     if is_installed() or not callable(getattr(module, "fast_prefill_plan", None)):
         return
-    found = code_check.check_module(module, prefer=version)
-    if not found.tested and not settings.ALLOW_UNTESTED.on():
-        _relay.log_once(
-            "flashinfer-code",
-            "%s: not tested; DFLASH plans FlashInfer from exact host lengths (SGLang's relay)",
-            found.describe(),
-            level=logging.INFO,
-        )
+    found = code_check.patchable(module, version, "DFLASH plans FlashInfer from exact lengths")
+    if found is None:
         return
     module.fast_prefill_plan = guarded(module.fast_prefill_plan)
     _state["installed"] = found.release or version

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 
 from spec_fused import relay as _relay
-from spec_fused import settings
 from spec_fused.faults import raise_if_sticky
 from spec_fused.integration import code_check, flashinfer_plan
 from spec_fused.integration.hooks import PatchSet
@@ -96,13 +95,6 @@ def patch(patches: PatchSet, module, version: str) -> None:
             module.__name__,
         )
         return
-    found = code_check.check_module(module, prefer=version)
-    if not found.tested and not settings.ALLOW_UNTESTED.on():
-        _relay.log_once(
-            "war-code",
-            "SGLang %s: %s: not tested; the WAR barrier stays as SGLang decides it",
-            version,
-            found.describe(),
-        )
+    if code_check.patchable(module, version, "the WAR barrier stays as SGLang decides it") is None:
         return
     patches.set_attr(scheduler, "_war_barrier_enabled", _war_barrier_property())
