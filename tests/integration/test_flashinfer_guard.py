@@ -8,7 +8,7 @@ read yet, and forward N-1 runs on step N's plan; with it, never, and without a w
 
 import pytest
 import torch
-from support.flashinfer_standin import Gpu, event_class, plan_step, real_fast_prefill_plan, wrapper
+from support.flashinfer_standin import Gpu, plan_step, real_fast_prefill_plan, wrapper
 
 from spec_fused.integration import flashinfer_plan
 
@@ -16,19 +16,18 @@ from spec_fused.integration import flashinfer_plan
 @pytest.fixture
 def gpu(monkeypatch):
     """A stand-in GPU, the guard's events on it, the guard disarmed with no ring yet."""
-    gpu, log = Gpu(), []
-    monkeypatch.setattr(flashinfer_plan, "_event", event_class(gpu, log))
+    gpu = Gpu()
+    monkeypatch.setattr(flashinfer_plan, "_event", gpu.event_class())
     monkeypatch.setattr(flashinfer_plan, "_rings", {})
     for key, value in (("armed", False), ("plans", 0), ("waits", 0)):
         monkeypatch.setitem(flashinfer_plan._state, key, value)
-    gpu.log = log
     return gpu
 
 
 def overlap_loop(plan, gpu: Gpu, *, steps: int = 8, lag: int = 2) -> list:
     """Steps of the overlap loop with a draft and a verify wrapper (one batch size: the same
     two wrappers every step). Returns the forwards that read another step's plan."""
-    wrappers = [wrapper(gpu, name, gpu.log) for name in ("draft", "verify")]
+    wrappers = [wrapper(gpu, name) for name in ("draft", "verify")]
     wrong, forward_end = [], {}
     for n in range(steps):
         if n - lag in forward_end:  # copy_done of step n - lag: the host waited for it
@@ -38,7 +37,7 @@ def overlap_loop(plan, gpu: Gpu, *, steps: int = 8, lag: int = 2) -> list:
         for w in wrappers:
             plan_step(plan, w, kv)
         for w in wrappers:  # the captured forward reads the device workspace
-            gpu.enqueue(
+            gpu.later(
                 lambda w=w, n=n, want=want: (
                     int(w._int_workspace_buffer[0]) == want or wrong.append((n, w.name))
                 )
@@ -74,7 +73,7 @@ def test_disarmed_the_guard_is_sglangs_plan_untouched(gpu):
     """Until a relay plans from the bound, SGLang's own wait orders the plans: the guard
     passes every call through with the wrapper's own buffer and no event."""
     guarded = flashinfer_plan.guarded(real_fast_prefill_plan())
-    w = wrapper(gpu, "verify", gpu.log)
+    w = wrapper(gpu, "verify")
     own = w._pin_memory_int_workspace_buffer
     plan_step(guarded, w, torch.tensor([5, 6]))
     assert w._pin_memory_int_workspace_buffer is own and flashinfer_plan._rings == {}

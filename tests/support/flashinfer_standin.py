@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
+from bench.flashinfer_check import StandinDevice
 from spec_fused.integration import code_check
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
@@ -29,46 +30,27 @@ def real_fast_prefill_plan():
     return code_check.tested_function(MODULE, "fast_prefill_plan", namespace)[0]
 
 
-class Gpu:
-    """One stream of queued device work; ``run()`` executes it up to a point."""
+class Gpu(StandinDevice):
+    """bench's dry-run device - one stream of queued work, run when the test says, and
+    events on it - with a log of what the host did to it: its plan writes, its waits."""
 
     def __init__(self):
-        self.queue: list = []  # callables, in stream order
-        self.done = 0
+        super().__init__()
+        self.log: list = []
 
-    def enqueue(self, work) -> int:
-        self.queue.append(work)
-        return len(self.queue)
+    def event_class(self):
+        """``torch.cuda.Event`` on this queue, its host waits logged."""
+        base, log = super().event_class(), self.log
 
-    def run(self, upto=None) -> None:
-        upto = len(self.queue) if upto is None else upto
-        while self.done < upto:
-            self.queue[self.done]()
-            self.done += 1
+        class Event(base):
+            def synchronize(self):
+                log.append(("host waits", self.at))
+                super().synchronize()
 
-
-def event_class(gpu: Gpu, log: list):
-    """``torch.cuda.Event`` on :class:`Gpu`: ``record`` marks the queue, ``query`` says
-    whether the GPU got past it, ``synchronize`` runs it there (a host wait, logged)."""
-
-    class Event:
-        def __init__(self):
-            self.at = 0
-
-        def record(self, stream=None):
-            self.at = len(gpu.queue)
-
-        def query(self):
-            return gpu.done >= self.at
-
-        def synchronize(self):
-            log.append(("host waits", self.at))
-            gpu.run(self.at)
-
-    return Event
+        return Event
 
 
-def wrapper(gpu: Gpu, name: str, log: list, bs: int = 2):
+def wrapper(gpu: Gpu, name: str, bs: int = 2):
     """A CUDA-graph fa2 prefill wrapper of batch size ``bs`` (SGLang's are per batch size)
     as far as ``fast_prefill_plan`` touches it."""
     device_ws = torch.zeros(4, dtype=torch.int64)
@@ -91,12 +73,12 @@ def wrapper(gpu: Gpu, name: str, log: list, bs: int = 2):
     def plan(*args):
         pinned, kv_lens = args[2], args[5]
         pinned.fill_(int(kv_lens.sum()))  # the host writes the plan
-        log.append(("host writes", name, pinned.data_ptr()))
+        gpu.log.append(("host writes", name, pinned.data_ptr()))
 
         def copy(src=pinned):  # FlashInfer's cudaMemcpyAsync, no sync
             device_ws.copy_(src)
 
-        gpu.enqueue(copy)
+        gpu.later(copy)
         return [int(kv_lens.sum())]
 
     w._cached_module = SimpleNamespace(plan=plan)
