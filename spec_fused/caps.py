@@ -89,7 +89,7 @@ class SpecCaps:
     own_barrier: bool = False  # the barrier claim is a worker's, plugin's or the env's word
     host_word: str = ""  # who claimed host lengths explicitly (a worker, a plugin, the env)
     refused: tuple = ()  # declarations that were not applied, each with why
-    bound: Optional[HostBound] = None  # "reserved" where a backend reads host lengths
+    bound: Optional[HostBound] = None  # with "reserved", where a backend reads host lengths
 
     def __post_init__(self):
         if self.host_seq_lens not in HOST_SEQ_LENS_VALUES:
@@ -98,6 +98,8 @@ class SpecCaps:
             )
         if not isinstance(self.needs_war_barrier, bool):
             raise TypeError("needs_war_barrier must be a bool")
+        if self.bound is not None and self.host_seq_lens != "reserved":
+            raise ValueError("a host bound stands for reserved host lengths only")
 
     @property
     def exact_claimed(self) -> bool:

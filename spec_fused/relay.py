@@ -72,8 +72,7 @@ def gives_host_lengths(caps: SpecCaps, fm) -> bool:
 
 def kept_by_sglang(caps: SpecCaps, fm) -> Optional[str]:
     """Why SGLang's relay keeps ``fm`` under ``caps`` (``measured.py``), logged once."""
-    exact = gives_host_lengths(caps, fm)
-    bound = caps.bound is not None and not exact and bool(fm.needs_cpu_seq_lens)
+    exact, bound = gives_host_lengths(caps, fm), caps.bound is not None  # bound: reserved
     why = handed_to_sglang(fm.__dict__[BUF_ATTR].device, exact, bound=bound)
     if why is not None:
         log_once(("unmeasured", why), "%s: SGLang's relay runs", why, level=logging.INFO)
@@ -119,7 +118,7 @@ class FusedRelay:
         self.host_seq_lens = caps.host_seq_lens
         self.exact = caps.host_seq_lens == "exact"
         self.variant = caps.variant
-        self.bound = None if self.exact else caps.bound  # a worker's own bound, per step
+        self.bound = caps.bound  # a worker's own bound (host lengths reserved), per step
         if self.bound is not None:
             self.bound.arm()
 

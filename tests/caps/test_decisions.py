@@ -163,6 +163,8 @@ def test_spec_caps_is_frozen_and_checked():
     with pytest.raises(TypeError, match="^needs_war_barrier must be a bool$"):
         SpecCaps(1, "exact")
     assert select_variant(SpecCaps(False, "reserved")) == "barrier_free"
+    with pytest.raises(ValueError, match="^a host bound stands for reserved host lengths only$"):
+        SpecCaps(True, "exact", bound=BOUND)
 
 
 def test_describe_lists_every_installed_algorithm_and_turns_a_bad_setting_into_errors():
