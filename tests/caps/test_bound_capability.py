@@ -7,6 +7,7 @@ verdict is set per release, and each condition is broken one at a time: any brok
 keeps exact host lengths, and says which."""
 
 import functools
+import itertools
 import sys
 import types
 
@@ -91,6 +92,27 @@ def test_the_bound_stands_exactly_on_the_releases_that_plan_dflash_from_host_len
     assert isinstance(found, HostBound) is RELEASES[name].host_plan, found
     caps = decide("DFLASH", needs_cpu_seq_lens=True, env={}, host_bound=found)
     assert caps.host_seq_lens == ("reserved" if RELEASES[name].host_plan else "exact")
+
+
+@pytest.mark.parametrize("name", TESTED_RELEASES)
+def test_only_dflash_reading_host_lengths_without_two_batch_overlap_drops_them(release, name):
+    """Every algorithm x needs_cpu_seq_lens x two-batch overlap, per release: the FutureMap's
+    host lengths (and with them its copy and host wait) go only for DFLASH where a backend
+    reads them, two-batch overlap is off and the release plans DFLASH from host lengths;
+    everywhere else where a backend reads them they stay exact."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    release(name)
+    for algorithm, needs_cpu, tbo in itertools.product(
+        [m.name for m in SpeculativeAlgorithm if m.name != "NONE"], (True, False), (True, False)
+    ):
+        found = flashinfer_plan.host_bound(scheduler(tbo=tbo))
+        caps = decide(algorithm, needs_cpu_seq_lens=needs_cpu, env={}, host_bound=found)
+        bound = algorithm == "DFLASH" and needs_cpu and not tbo and RELEASES[name].host_plan
+        where = (name, algorithm, needs_cpu, tbo, caps.reason)
+        assert (caps.bound is not None) is bound, where
+        if needs_cpu:
+            assert caps.host_seq_lens == ("reserved" if bound else "exact"), where
 
 
 def test_a_served_bound_covers_graphed_decode_steps_up_to_the_smallest_largest_graph(release):
