@@ -120,7 +120,8 @@ class Cell:
                     pass
                 fi = self.idx_host.to(self.device, non_blocking=True)
                 batch = decode_batch(fi, host=self.idx_cpu)
-                batch.forward_mode = DECODE
+                batch.forward_mode = DECODE  # prepare_for_decode's seed: the host's committed
+                batch.seq_lens_cpu = self.lens0_cpu + max(i - 1, 0) * self.accept_cpu
                 fm.resolve_seq_lens_cpu(batch)
                 if i == steps:
                     break

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal, Optional, cast
+from typing import Any, Literal, Optional, cast
 
 from spec_fused import settings, upstream
 
@@ -38,6 +38,7 @@ HOST_SEQ_LENS_VALUES = ("exact", "reserved", "none")
 Variant = Literal["barrier_free", "war_guarded"]
 
 __all__ = [
+    "BoundStep",
     "HostBound",
     "SpecCaps",
     "caps_for",
@@ -59,23 +60,60 @@ class HostBound:
     max_bs: int
     window: int
     arm: Callable[[], None] = field(default=lambda: None, compare=False)  # what it needs first
+    # per step: what the step's plans may check themselves against (None: exact lengths)
+    expect: Callable[[Optional[BoundStep]], None] = field(default=lambda step: None, compare=False)
 
-    def covers(self, batch, n: int) -> bool:
-        """A graphed decode step of ``n`` requests: anything else (a mixed chunk, a batch
-        above the largest graph, whose stock plan reads the device anyway) is SGLang's."""
-        mode = getattr(batch, "forward_mode", None)
-        return mode is not None and mode.is_decode() and 0 < n <= self.max_bs
+    def floor(self, batch, n: int):
+        """The host's committed lengths of a graphed decode step of ``n`` requests (SGLang
+        0.5.19+'s ``prepare_for_decode`` seeds ``seq_lens_cpu`` with them), or None: any
+        other step (a mixed chunk, a batch above the largest graph, whose stock plan reads
+        the device anyway) is SGLang's."""
+        mode, committed = getattr(batch, "forward_mode", None), getattr(batch, "seq_lens_cpu", None)
+        if mode is None or not mode.is_decode() or not 0 < n <= self.max_bs:
+            return None
+        return committed if committed is not None and committed.shape[0] == n else None
 
-    def check(self, batch, lens) -> None:
-        """Debug mode (a sync): the bound covers every request's verify, by name."""
-        bound = batch.spec_info.nxt_kv_lens_cpu
-        need = lens.cpu() + self.window
-        for i in (need > bound[: need.shape[0]]).nonzero().flatten().tolist():
-            rid = getattr(batch.reqs[i], "rid", i) if getattr(batch, "reqs", None) else i
+    def launched(self, batch, committed, lens, read, *, debug: bool) -> None:
+        """A covered step is launched: its plans learn their floor and how to read the exact
+        lengths (``read``: the device ``lens``, on the host); debug mode checks both ends."""
+        self.expect(BoundStep(committed, self.window, read))
+        if debug:
+            self.check(batch, lens, committed)
+
+    def check(self, batch, lens, committed) -> None:
+        """Debug mode (a sync): every request's device length lies between the host's
+        committed length (the step's floor, :class:`BoundStep`) and the bound less the
+        verify window, by name."""
+        bound, lens = batch.spec_info.nxt_kv_lens_cpu, lens.cpu()
+        need = lens + self.window
+        for i in ((need > bound[: need.shape[0]]) | (lens < committed)).nonzero().flatten():
+            rid = getattr(batch.reqs[i], "rid", int(i)) if getattr(batch, "reqs", None) else i
             raise AssertionError(
-                f"request {rid}: host bound {int(bound[i])} < device length "
-                f"{int(need[i]) - self.window} + verify window {self.window}"
+                f"request {rid}: device length {int(lens[i])} outside [host committed "
+                f"{int(committed[i])}, host bound {int(bound[i])} - verify window {self.window}]"
             )
+
+
+@dataclass(frozen=True)
+class BoundStep:
+    """A step whose host-length readers plan from the worker's bound. Per request: the
+    floor of what they plan for (the host's committed length + the window: the device is
+    never behind what the host committed) and, for a plan the bound cannot serve, the
+    exact lengths (one host wait, for the step's publish, as SGLang's resolve waits)."""
+
+    committed: Any  # int64 CPU tensor, one per request
+    window: int
+    read: Callable[[], Any]  # -> the device lengths (int64, on the host)
+    _read: list = field(default_factory=list, compare=False)  # one read serves every plan
+
+    @property
+    def lower(self):
+        return self.committed + self.window
+
+    def exact(self):
+        if not self._read:
+            self._read.append(self.read() + self.window)
+        return self._read[0]
 
 
 @dataclass(frozen=True)

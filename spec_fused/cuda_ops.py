@@ -48,6 +48,17 @@ class CudaOps:
         behind bulk work (SGLang's own scheduler streams are priority 0)."""
         return torch.cuda.Stream(self.device, priority=-1)
 
+    def read_later(self, tensor):
+        """A read of ``tensor`` to the host, to be made later in the current stream's order:
+        it waits for what that stream has queued so far, not for what another runs since."""
+        stream = self.current_stream()
+
+        def read():
+            with self.stream_ctx(stream):
+                return tensor.to("cpu")
+
+        return read
+
     @staticmethod
     def record_stream(tensor, stream) -> None:
         if tensor.device.type == "cuda":

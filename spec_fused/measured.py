@@ -22,7 +22,7 @@ import torch
 
 from spec_fused import settings
 
-__all__ = ["LEVEL", "NOT_MEASURED_LEVEL", "UNSAFE", "handed_to_sglang"]
+__all__ = ["LEVEL", "NOT_MEASURED_LEVEL", "handed_to_sglang"]
 
 # (device type, host lengths) -> the GPU run that measured the fused step level.
 LEVEL = {
@@ -34,17 +34,10 @@ NOT_MEASURED_LEVEL = {
     ("cuda", "exact"): "exact host lengths on a GPU: the last GPU run measured the fused step "
     "slower than SGLang's (host 1.05-1.17x, H100, bench/results/nvidia-h100/"
     "gpu_check-2026-12-06-b) and the rebuilt step has not met a GPU yet",
-    ("cuda", "bound"): "DFLASH's own bound on FlashInfer (host waits per step 2 -> 1): no GPU "
-    "has run FlashInfer's check (bound plans against exact ones, the pinned-buffer guard) "
-    "nor the loop A/B's DFLASH + FlashInfer cell yet (bench/flashinfer_lease.sh)",
-}
-
-# (device type, host lengths) -> why no setting relays it: known to compute a wrong answer.
-UNSAFE = {
-    ("cuda", "bound"): "DFLASH's own bound on FlashInfer: fa2 plans a request's split-KV "
-    "chunks from the host bound while the kernel lays its partial outputs out by the device "
-    "length's, so a chunk boundary between the two merges the wrong states (issue 41); "
-    "until a per-step guard keeps the two in agreement, SGLang's relay runs",
+    ("cuda", "bound"): "DFLASH's own bound on FlashInfer (host waits per step 2 -> 1 outside "
+    "the steps the partition guard replans): no GPU has run FlashInfer's check (straddling "
+    "plans caught unguarded and clean guarded, the pinned-buffer race) nor the loop A/B's "
+    "DFLASH + FlashInfer cell yet (bench/flashinfer_lease.sh)",
 }
 
 
@@ -56,8 +49,6 @@ def handed_to_sglang(device, exact: bool, env=None, *, bound: bool = False) -> O
     the relay at SGLang's host time or below."""
     kind = torch.device(device).type
     mode = "exact" if exact else "bound" if bound else "none"
-    if (unsafe := UNSAFE.get((kind, mode))) is not None:
-        return unsafe
     why = NOT_MEASURED_LEVEL.get((kind, mode))
     if why is None or settings.UNMEASURED.on(env):
         return None

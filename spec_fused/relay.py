@@ -135,6 +135,8 @@ class FusedRelay:
         """Hand ``fm`` back to SGLang for good: what is pending lands with plain torch (what
         upstream's publish does), then SGLang's own methods run."""
         self.land_with_torch()
+        if self.bound is not None:  # SGLang's resolves give exact lengths from now on
+            self.bound.expect(None)
         self.disabled_reason = reason
         fm.__dict__[RELAY_ATTR] = None
         fm.__dict__[DISABLED_ATTR] = self
@@ -193,6 +195,8 @@ class FusedRelay:
             fm._publish_fresh = True
 
     def resolve(self, fm, batch) -> None:
+        if self.bound is not None:  # no plan of this step is the bound's until it is launched
+            self.bound.expect(None)
         spec = batch.spec_info
         fi = None if spec is None else spec.future_indices
         if fi is None:
@@ -200,7 +204,8 @@ class FusedRelay:
             return
         event = fm.publish_ready
         exact = self.exact_claimed or (self.exact and fm.needs_cpu_seq_lens)
-        if self.bound is not None and not self.bound.covers(batch, fi.shape[0]):
+        committed = None  # with a bound: the host's committed lengths, the step's floor
+        if self.bound is not None and (committed := self.bound.floor(batch, fi.shape[0])) is None:
             self._hand_back("a step the worker's host bound does not cover", "")
         if exact and self.on_cuda:
             host = getattr(batch, "req_pool_indices_cpu", None)  # upstream's FIXME: == fi
@@ -208,10 +213,10 @@ class FusedRelay:
             if staged is None or event is None:
                 self._hand_back("no publish yet" if event is None else _NO_HOST_INDICES)
             if self.debug:
-                self._consume_once(fm, event)
+                _consume_once(fm, event, self.consume_once_flag)
             return self._resolve_exact_cuda(batch, staged, event)
         if self.debug:
-            self._consume_once(fm, event)
+            _consume_once(fm, event, self.consume_once_flag)
         if event is not None:
             event.wait()  # as upstream, on every device: the stream waits, not the host
         pending = self.pending
@@ -224,18 +229,13 @@ class FusedRelay:
         batch.seq_lens = out
         if not exact:
             batch.seq_lens_cpu = batch.seq_lens_sum = None
-            if self.debug and self.bound is not None:
-                self.bound.check(batch, out)
+            if self.bound is not None:  # its plans: their floor, and how to read exact lengths
+                read = self.ops.read_later(out) if self.on_cuda else lambda: out
+                self.bound.launched(batch, committed, out, read, debug=self.debug)
         else:  # a CPU relay: the lengths are the host lengths, as upstream's .cpu()
             batch.seq_lens_cpu = out
             n = out.shape[0]
             batch.seq_lens_sum = sum(out.tolist()) if n <= _PY_SUM_MAX else int(out.sum())
-
-    def _consume_once(self, fm, event) -> None:
-        """Upstream's consume-once check (0.5.16+, under its debug switch)."""
-        if self.consume_once_flag and event is not None:
-            assert fm._publish_fresh, "resolve without a fresh forward publish"
-            fm._publish_fresh = False
 
     def _hand_back(self, why: str, kind: str = "exact host lengths with ") -> NoReturn:
         """A step the relay does not run is SGLang's (an exact step the private stream
@@ -329,6 +329,13 @@ class FusedRelay:
             cur.wait_event(fm.publish_ready)
         for t in tensors:
             self.ops.record_stream(t, cur)
+
+
+def _consume_once(fm, event, flag: bool) -> None:
+    """Upstream's consume-once check (0.5.16+, under its debug switch)."""
+    if flag and event is not None:
+        assert fm._publish_fresh, "resolve without a fresh forward publish"
+        fm._publish_fresh = False
 
 
 def relay_for(fm) -> Optional[FusedRelay]:

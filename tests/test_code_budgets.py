@@ -21,7 +21,10 @@ def test_the_package_and_its_tools_stay_within_their_budgets():
     # covers, its debug check); host_waits.py (~195), the per-step host-wait counter the
     # issue asks for as its instrument (no maintained tool counts waits per scheduler
     # step: torch's sync detector misses Event.synchronize and knows no step).
-    assert _lines(SOURCES) <= 5_150
+    # 5,150 until issue 41: the partition guard (~135: flashinfer_plan's chunk read-back,
+    # straddle check and exact replan, caps.BoundStep, cuda_ops.read_later, the relay's
+    # floor), a safety need: without it a plan from DFLASH's bound is wrong attention.
+    assert _lines(SOURCES) <= 5_300
     # 1,000 until issue 34: tools/timing.py (203 lines) times a relay step as serving sees
     # it - queued behind a busy GPU, blocked time apart from host time, ABBA rounds - for
     # selftest and bench/probe.py; torch.utils.benchmark and do_bench time an idle GPU.
@@ -42,7 +45,10 @@ def test_the_package_and_its_tools_stay_within_their_budgets():
     # wrapper planned by SGLang's fast_prefill_plan on a GPU - bound against exact plans, the
     # pinned-buffer race with and without the guard, the loop A/B - and builds and proves the
     # trimmed carry that check needs. Neither SGLang nor FlashInfer maintains such a check.
-    assert _lines((ROOT / "bench").rglob("*.py")) <= 3_800
+    # 3,800 until issue 41: bench/fa2_split.py (~300), the Python mirror of FlashInfer's fa2
+    # split-KV plan, kernel layout and merge that the partition guard's tests run and the
+    # design doc's straddle table comes from; FlashInfer ships no such model.
+    assert _lines((ROOT / "bench").rglob("*.py")) <= 4_150
 
 
 def test_no_module_or_class_outgrows_its_budget():

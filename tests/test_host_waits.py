@@ -44,6 +44,7 @@ class Scheduler:
         b = decode_batch(slots, CFG)
         b.forward_mode = types.SimpleNamespace(name="DECODE", is_decode=lambda: True)
         b.spec_info.nxt_kv_lens_cpu = torch.tensor(lens) + 8
+        b.seq_lens_cpu = torch.tensor(lens)  # prepare_for_decode's seed: the host's committed
         self.run_batch(b)
         self.copy_done.synchronize()  # process_batch_result of the step before
 

@@ -50,6 +50,8 @@ def release(monkeypatch):
         monkeypatch.setitem(sys.modules, name, flashinfer if name == flashinfer_plan.MODULE
                             else types.ModuleType(name))  # fmt: skip
     monkeypatch.setitem(flashinfer_plan._state, "installed", None)
+    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
+    sys.modules["flashinfer"].__version__ = "0.7.2"  # SGLang 0.5.23's pin
     chosen = {}
 
     def verdict(module, **kwargs):
@@ -131,6 +133,11 @@ def _not_guarded(b):
     return b
 
 
+def _flashinfer(version):
+    sys.modules["flashinfer"].__version__ = version
+    return scheduler()
+
+
 BROKEN = {
     "its prefill backend is not fa2": lambda: scheduler(backend(prefill_backend="fa3")),
     "sliding-window or cross-attention": lambda: scheduler(backend(dispatch_reason="SWA")),
@@ -144,6 +151,8 @@ BROKEN = {
         backend(), type("TritonAttnBackend", (), {"needs_cpu_seq_lens": True})()
     ),
     "a draft window": lambda: scheduler(window=2048),
+    "FlashInfer 0.7.4: its fa2 split-KV layout was read for": lambda: _flashinfer("0.7.4"),
+    "FlashInfer 0.6.18: its fa2 split-KV layout": lambda: _flashinfer("0.6.18"),
     "two-batch overlap": lambda: scheduler(tbo=True),
 }
 
@@ -173,3 +182,33 @@ def test_a_scheduler_it_cannot_read_keeps_exact_host_lengths(release):
     release("0.5.23")
     found = flashinfer_plan.host_bound(scheduler(backend(), Unreadable()))
     assert found == "could not read the worker's backends (RuntimeError: half-built backend)"
+
+
+@pytest.mark.parametrize("version", flashinfer_plan.FLASHINFER_READ)
+def test_the_bound_stands_on_every_flashinfer_whose_fa2_layout_was_read(release, version):
+    release("0.5.23")
+    sys.modules["flashinfer"].__version__ = version
+    found = flashinfer_plan.host_bound(scheduler())
+    assert isinstance(found, HostBound) and f"FlashInfer {version}" in found.why
+
+
+def test_the_layout_the_partition_guard_mirrors_is_a_read_one():
+    from bench import fa2_split
+
+    assert fa2_split.FLASHINFER in flashinfer_plan.FLASHINFER_READ
+
+
+@pytest.mark.parametrize("unmeasured", ["", "1"])
+def test_the_bound_is_never_relayed_on_cuda_where_its_plans_are_unguarded(
+    release, monkeypatch, unmeasured
+):
+    """An unread FlashInfer or a guard not installed keeps exact host lengths (SGLang's relay
+    on CUDA) with ``SPEC_FUSED_UNMEASURED=1`` too: that setting relays the unmeasured,
+    never the unguarded."""
+    monkeypatch.setenv("SPEC_FUSED_UNMEASURED", unmeasured)
+    assert isinstance(flashinfer_plan.host_bound(scheduler()), str)  # no guard installed
+    release("0.5.23")
+    sys.modules["flashinfer"].__version__ = "0.7.4"
+    found = flashinfer_plan.host_bound(scheduler())
+    caps = decide("DFLASH", needs_cpu_seq_lens=True, env={}, host_bound=found)
+    assert caps.bound is None and caps.host_seq_lens == "exact"

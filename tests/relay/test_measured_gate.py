@@ -136,14 +136,3 @@ def test_capabilities_that_keep_a_relay_gpu_only_keep_it(on_cuda):
     relay = relay_mod.relay_for(fm)
     relay.set_caps(SpecCaps(True, "exact", "upstream's default"))  # no claim: upstream's flag
     assert fm.__dict__[relay_mod.RELAY_ATTR] is relay
-
-
-@pytest.mark.parametrize("unmeasured", ["", "1"])
-def test_a_configuration_known_to_be_wrong_is_never_relayed_whatever_the_setting(
-    monkeypatch, unmeasured
-):
-    """``SPEC_FUSED_UNMEASURED=1`` relays what no GPU measured, never what is known wrong."""
-    monkeypatch.setenv("SPEC_FUSED_UNMEASURED", unmeasured)
-    for kind, mode in measured.UNSAFE:
-        why = measured.handed_to_sglang(kind, exact=mode == "exact", bound=mode == "bound")
-        assert why == measured.UNSAFE[kind, mode]

@@ -94,6 +94,15 @@ class FakeOps:
     def record_stream(self, tensor, stream):
         self.log.append((stream.name, "record_stream"))
 
+    def read_later(self, tensor):
+        stream = self.current
+
+        def read():
+            self.log.append(("host", "reads back after", stream.name))
+            return tensor.clone()
+
+        return read
+
 
 def direct_relay(caps, *, ops="fake", debug=False, fm=None, algo="EAGLE", needs_cpu=True):
     """A FusedRelay on an unpatched FutureMap, driven directly: ``(relay, fm, ops)``

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from spec_fused import measured
 from spec_fused.tools import doctor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,9 +144,7 @@ def test_a_cuda_row_says_which_steps_are_sglangs_until_a_gpu_measures_them(monke
     assert "SGLang's: exact host lengths on a GPU" in row and "SPEC_FUSED_UNMEASURED=1" in row
     assert doctor.relay_summary("cpu") == "fused relay"
     monkeypatch.setenv("SPEC_FUSED_UNMEASURED", "1")
-    row = doctor.relay_summary("cuda:0")
-    assert row.startswith("fused relay") and "exact host lengths on a GPU" not in row
-    assert ("SGLang's: DFLASH's own bound" in row) is (("cuda", "bound") in measured.UNSAFE)
+    assert doctor.relay_summary("cuda:0") == "fused relay"
 
 
 def test_a_broken_probe_is_reported_not_raised(monkeypatch):
