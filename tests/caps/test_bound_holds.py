@@ -1,4 +1,5 @@
-"""DFLASH's bound covers every verify it plans, grammar-truncated commits included.
+"""DFLASH's bound covers every verify it plans, and its floor never overtakes the device,
+grammar-truncated commits included.
 
 The overlap loop, step by step, as SGLang 0.5.19+ runs it: launching step k, the host
 prepares batch k from what it has committed (the results up to step k-2: step k-1's are
@@ -9,7 +10,8 @@ may commit fewer on the host than the device accepted: ``_accept_grammar_tokens`
 at the token that terminates the grammar (or aborts on an illegal one), and either way the
 request finishes and leaves the batches prepared after. Read from 0.5.23's
 ``batch_result_processor.py`` (``advance_grammar_fsm``); the model holds that rule and
-the verify's length to the bound.
+the verify's length to the bound (above) and to the partition guard's floor, the host's
+committed length + the block (below: ``caps.BoundStep``).
 """
 
 import importlib
@@ -32,14 +34,16 @@ def page_aligned_decode_alloc_lens(reqs, **kwargs):
     return module.page_aligned_decode_alloc_lens(reqs, **kwargs)
 
 
-def run_loop(accepts, block: int, page: int, truncate_at: dict, finish_on_truncate=True):
-    """The verifies a bound failed to cover: ``[(step, request)]``. ``accepts[i][k]``: what
-    the device commits at request i's k-th step; ``truncate_at[i] = (k, kept)``: at step k
-    the host keeps only ``kept`` of them (the grammar ended there)."""
+def run_loop(accepts, block, page, truncate_at: dict, finish_on_truncate=True, floor_plus=0):
+    """The verifies a bound failed to cover, and those whose floor (the host's committed
+    length + ``floor_plus``, as prepared) was above the device's: ``[(step, request)]``
+    each. ``accepts[i][k]``: what the device commits at request i's k-th step;
+    ``truncate_at[i] = (k, kept)``: at step k the host keeps only ``kept`` of them (the
+    grammar ended there)."""
     n = len(accepts)
     kv = [types.SimpleNamespace(kv_allocated_len=64, kv_committed_len=64) for _ in range(n)]
     device = [64] * n  # committed on the device
-    running, done_steps, short = set(range(n)), [0] * n, []
+    running, done_steps, short, above = set(range(n)), [0] * n, [], []
     launched: list = []  # per step: the requests in it
     for k in range(max(len(a) for a in accepts) + 2):
         batch = [i for i in sorted(running) if done_steps[i] < len(accepts[i])]
@@ -49,6 +53,8 @@ def run_loop(accepts, block: int, page: int, truncate_at: dict, finish_on_trunca
             kv[i].kv_allocated_len = bound
             if device[i] + block > bound:  # the verify's KV length against its plan
                 short.append((k, i))
+            if kv[i].kv_committed_len + floor_plus > device[i]:  # the floor against it
+                above.append((k, i))
             device[i] += accepts[i][done_steps[i]]
             done_steps[i] += 1
         launched.append(batch)
@@ -62,7 +68,7 @@ def run_loop(accepts, block: int, page: int, truncate_at: dict, finish_on_trunca
                     if finish_on_truncate:
                         running.discard(i)
                 kv[i].kv_committed_len += got
-    return short
+    return short, above
 
 
 accept_runs = st.integers(1, 16).flatmap(
@@ -82,12 +88,22 @@ def test_the_bound_covers_every_verify_with_or_without_grammar(run, page, data):
         for i, a in enumerate(accepts)
         if data.draw(st.booleans())
     }
-    assert run_loop(accepts, block, page, truncate_at) == []
+    assert run_loop(accepts, block, page, truncate_at) == ([], [])
+
+
+@settings(deadline=None)
+@given(accept_runs, st.sampled_from([1, 16, 64]))
+def test_a_floor_one_above_the_committed_length_overtakes_the_device(run, page):
+    """Why the floor is the committed length itself, not + 1 for "the device accepted at
+    least one token": a request level with the host (its first step, or its last one
+    processed already) has a device length equal to what the host committed."""
+    block, accepts = run
+    assert (0, 0) in run_loop(accepts, block, page, {}, floor_plus=1)[1]
 
 
 def test_a_truncated_request_that_stayed_would_break_the_bound():
     """Why the grammar rule matters: were a truncated request kept running, the host would
     fall behind the device for good and the bound would come up short."""
     accepts = [[8] * 8]
-    assert run_loop(accepts, 8, 1, {0: (1, 1)}, finish_on_truncate=False) != []
-    assert run_loop(accepts, 8, 1, {0: (1, 1)}) == []
+    assert run_loop(accepts, 8, 1, {0: (1, 1)}, finish_on_truncate=False)[0] != []
+    assert run_loop(accepts, 8, 1, {0: (1, 1)}) == ([], [])
