@@ -291,20 +291,31 @@ def split_off_cost(bss=(1, 4, 16, 64), contexts=(2048, 32768), block=16) -> list
 
 def markdown(rows: list, cols: list) -> str:
     head = "| " + " | ".join(cols) + " |\n|" + "---:|" * len(cols) + "\n"
-    fmt = lambda x: f"{x:.1%}" if isinstance(x, float) else str(x)  # noqa: E731
-    return head + "\n".join("| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows)
+    return head + "\n".join("| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows)
+
+
+def pivot(rows: list) -> str:
+    """The straddle table as docs/design.md shows it: batch by context, each cell the share
+    of steps the guard replans (the share a bound plan would corrupt unguarded)."""
+    ctxs = sorted({r["context"] for r in rows})
+    cells = {(r["bs"], r["context"]): r for r in rows}
+    share = lambda r: f"{r['replanned']:.0%} ({r['corrupt_unguarded']:.0%})"  # noqa: E731
+    out = [{"bs": bs} | {f"{c:,}": share(cells[bs, c]) for c in ctxs}
+           for bs in sorted({r["bs"] for r in rows})]  # fmt: skip
+    return markdown(out, ["bs", *(f"{c:,}" for c in ctxs)])
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=400, help="steps per cell (seeded: repeatable)")
     p.add_argument("--json", help="also write the tables here")
     args = p.parse_args(argv)
-    table = straddle_table(steps=args.steps)
-    cost = split_off_cost()
-    print(f"fa2 split-KV (FlashInfer {FLASHINFER} mirror, {H100}), block 16, page 1:\n")
-    print(markdown(table, ["bs", "context", "chunk", "corrupt_unguarded", "replanned"]))
-    print("\ndisable_split_kv (option b):\n")
+    table, cost = straddle_table(steps=args.steps), split_off_cost()
+    print(f"fa2 split-KV, FlashInfer {FLASHINFER} mirror, {H100}, block 16, page 1, committed")
+    print("lengths uniform in [context/2, context], the device 0..16 tokens ahead:")
+    print("steps the guard replans (steps a bound plan would corrupt unguarded)\n")
+    print(pivot(table))
+    print("\ndisable_split_kv (option b): CTAs per KV head and the longest CTA's KV tokens\n")
     print(markdown(cost, list(cost[0])))
     if args.json:
         with open(args.json, "w") as f:

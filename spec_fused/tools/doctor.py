@@ -44,10 +44,24 @@ def versions() -> dict:
         "sglang": _version("sglang"),
         "torch": torch.__version__,
         "triton": _version("triton"),
+        "flashinfer": flashinfer_verdict(_version("flashinfer-python")),
         "cuda": str(torch.version.cuda),
         "gpus": "; ".join(gpus) or "none",
         "python": platform.python_version(),
     }
+
+
+def flashinfer_verdict(installed: str) -> str:
+    """The FlashInfer installed, and whether DFLASH's bound may plan it: only a version
+    whose fa2 split-KV layout was read for the partition guard."""
+    from spec_fused.integration.flashinfer_plan import FLASHINFER_READ
+
+    if installed == "not installed":
+        return installed
+    if installed in FLASHINFER_READ:
+        return f"{installed} (fa2 split-KV layout read: DFLASH's bound may plan it, guarded)"
+    read = ", ".join(FLASHINFER_READ)
+    return f"{installed} (fa2 layout not read, only {read}: DFLASH keeps exact host lengths)"
 
 
 def plugin_checks() -> list[tuple[str, bool, str]]:

@@ -9,7 +9,8 @@ pool to the host and blocks on it every step; the fused step copies ``8·n`` byt
 (``spec_fused/measured.py``). FlashInfer then blocks the host again in the same step for
 EAGLE (its planning copies), so there the saving is the copy's µs, not the wait. DFLASH on
 FlashInfer from 0.5.19 plans its graphed verify without a readback: there the bound
-variant takes the step's wait away altogether (host waits 2 -> 1). Read from each
+variant takes the step's wait away (host waits 2 -> 1) on every step whose plans need no
+exact replan (the partition guard: ``integration/flashinfer_plan.py``). Read from each
 release's wheel and held to it by ``tests/tools/test_impact.py``.
 """
 
@@ -64,8 +65,10 @@ FLASHINFER_BLOCKS_DFLASH = (
     "copies its indptrs; from 0.5.19 it plans without a readback)"
 )
 DFLASH_BOUND = (
-    "DFLASH plans FlashInfer fa2 from its own KV bound, the pinned plan buffer guarded "
-    "(CUDA graphs; no sliding window, draft window, dequant KV or multimodal model)"
+    "DFLASH plans FlashInfer fa2 from its own KV bound, each plan's split-KV partition "
+    "checked (a step with a chunk boundary in a request's window replans from exact lengths: "
+    "one wait) and its pinned buffer guarded (FlashInfer 0.7.1 - 0.7.2.post1, CUDA graphs; "
+    "no sliding window, draft window, dequant KV or multimodal model)"
 )
 
 
