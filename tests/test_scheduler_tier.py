@@ -134,7 +134,9 @@ def test_scheduler_caps_reach_a_relay_made_earlier(patched_scheduler):
     assert relay.host_seq_lens == "exact" and relay.caps.exact_claimed
 
 
-def test_the_plan_guard_reaches_sglangs_flashinfer_backend_and_the_bound_its_classes():
+def test_the_plan_guard_reaches_sglangs_flashinfer_backend_and_the_bound_its_classes(
+    monkeypatch,
+):
     """Applied before FlashInfer's backend is imported (as at start-up, before any graph
     capture), the guard becomes the module's ``fast_prefill_plan``: what a capture binds
     and what every replay's ``begin_forward.func is fast_prefill_plan`` compares with.
@@ -185,6 +187,9 @@ def test_the_plan_guard_reaches_sglangs_flashinfer_backend_and_the_bound_its_cla
         sched = types.SimpleNamespace(
             draft_worker=worker, server_args=types.SimpleNamespace(enable_two_batch_overlap=False)
         )
+        if flashinfer_plan.flashinfer_version() is None:  # a CPU: FlashInfer not installed
+            monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
+            sys.modules["flashinfer"].__version__ = "0.7.2"  # SGLang 0.5.23's pin
         found = flashinfer_plan.host_bound(sched)
         assert isinstance(found, HostBound) is expectation_for().host_plan, found
     finally:
