@@ -301,6 +301,41 @@ def test_a_mixed_chunk_landing_is_gated_on_the_publish_not_the_forward(patched):
     assert fm.__dict__["new_seq_lens_buf"][1:3].cpu().tolist() == [11, 12]
 
 
+def test_a_bound_steps_exact_read_waits_for_the_publish_not_the_forward(patched):
+    """The partition guard's replan reads the exact lengths in the resolve stream's order
+    (``cuda_ops.read_later``), from the forward stream the plan runs on: it returns once
+    the publish has landed, while the forward's long tail still runs."""
+    from spec_fused.caps import HostBound, decide
+
+    cfg = TraceConfig(pool=64)
+    schedule, forward = torch.cuda.Stream(), torch.cuda.Stream()
+    steps = []
+    bound = HostBound("test", max_bs=8, window=4, expect=steps.append)
+    fm = make_future_map("DFLASH", cfg, device=DEV, needs_cpu_seq_lens=True)
+    fm.__dict__[relay_mod.CAPS_ATTR] = decide(
+        "DFLASH", needs_cpu_seq_lens=True, env={}, host_bound=bound
+    )
+    idx = torch.tensor([1, 2], device=DEV)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(forward):
+        torch.cuda._sleep(1_000_000)
+        fm.publish(idx, idx + 10)
+        torch.cuda._sleep(2_000_000_000)  # the forward's long tail (~1 s)
+        done = torch.cuda.Event()
+        done.record()
+    batch = decode_batch([1, 2], cfg, device=DEV)
+    batch.forward_mode = SimpleNamespace(is_decode=lambda: True)
+    batch.seq_lens_cpu = torch.tensor([9, 10])  # the host's committed lengths
+    with torch.cuda.stream(schedule):
+        fm.resolve_seq_lens_cpu(batch)
+    assert batch.seq_lens_cpu is None and steps[-1] is not None
+    with torch.cuda.stream(forward):  # where the plan runs
+        assert steps[-1].exact().tolist() == [15, 16]
+    assert not done.query(), "the exact read waited for the forward"
+    assert steps[-1].lower.tolist() == [13, 14]
+    torch.cuda.synchronize()
+
+
 def test_a_publish_under_graph_capture_is_sglangs_own_and_replays(patched):
     """SGLang (<= 0.5.23) never publishes under capture; were one to, the relay hands it
     to SGLang's own publish (a deferred write would never replay): the captured scatter
