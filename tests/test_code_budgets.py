@@ -23,8 +23,9 @@ def test_the_package_and_its_tools_stay_within_their_budgets():
     # step: torch's sync detector misses Event.synchronize and knows no step).
     # 5,150 until issue 41: the partition guard (~135: flashinfer_plan's chunk read-back,
     # straddle check and exact replan, caps.BoundStep, cuda_ops.read_later, the relay's
-    # floor), a safety need: without it a plan from DFLASH's bound is wrong attention.
-    assert _lines(SOURCES) <= 5_300
+    # floor), a safety need: without it a plan from DFLASH's bound is wrong attention; the
+    # FlashInfer gate and doctor's row for it (~20), which the issue asks for.
+    assert _lines(SOURCES) <= 5_350
     # 1,000 until issue 34: tools/timing.py (203 lines) times a relay step as serving sees
     # it - queued behind a busy GPU, blocked time apart from host time, ABBA rounds - for
     # selftest and bench/probe.py; torch.utils.benchmark and do_bench time an idle GPU.
