@@ -48,7 +48,11 @@ def test_the_package_and_its_tools_stay_within_their_budgets():
     # 3,800 until issue 41: bench/fa2_split.py (~300), the Python mirror of FlashInfer's fa2
     # split-KV plan, kernel layout and merge that the partition guard's tests run and the
     # design doc's straddle table comes from; FlashInfer ships no such model.
-    assert _lines((ROOT / "bench").rglob("*.py")) <= 4_150
+    # 4,150 until issue 41 item 5: the GPU check with teeth (flashinfer_check.py ~+170: the
+    # straddle cases three ways, threshold verdicts on every error, the mirror's chunk held
+    # to the real plan's, and the stand-in fa2 the dry run and the guard's tests compute
+    # attention through, moved from tests/support): without them the lease could not fail.
+    assert _lines((ROOT / "bench").rglob("*.py")) <= 4_300
 
 
 def test_no_module_or_class_outgrows_its_budget():
