@@ -169,9 +169,10 @@ def test_the_lease_dry_run_plans_it_and_writes_what_a_gpu_run_writes(tmp_path):
     cell = json.loads((tmp_path / "flashinfer_cell.json").read_text())
     assert [r["concurrency"] for r in cell["rows"]] == [1, 8]
     for row in cell["rows"]:
-        waits, sites = row["host_waits_per_step"], row["host_wait_sites"]
-        assert waits["A"] == waits["B"] + 1  # the FutureMap's host wait, SGLang's arm only
+        waits, sites = row["host_waits_per_step_outside_straddles"], row["host_wait_sites"]
+        assert (waits["A"], waits["B"]) == (2, 1)  # the FutureMap's host wait, SGLang's only
         resolve = [s for s in sites["A"] if "overlap_utils" in s]
         assert resolve and not [s for s in sites["B"] if "overlap_utils" in s]
         assert row["guard"]["plans"] > 0 and row["guard"]["waits"] == 0
+    assert any(row["straddle_steps"]["B"] for row in cell["rows"])  # the guard replanned
     assert len(list(tmp_path.iterdir())) <= 8  # what the device tool brings back
