@@ -43,6 +43,7 @@ import torch
 
 FLASHINFER = "0.7.2"  # the wheel this mirror was read from (the guard's gate: flashinfer_plan)
 H100 = {"num_sm": 132, "num_qo_heads": 32, "num_kv_heads": 8, "head_dim": 128}  # Llama-3-8B
+DIM = 16  # the head dim of :func:`tensors` (the partition does not depend on it)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -194,7 +195,7 @@ def reference(qo_lens, kv_lens_device, q, k, v, kv_start) -> torch.Tensor:
     return out
 
 
-def tensors(qo_lens, kv_lens, *, group: int = 4, dim: int = 16, seed: int = 0) -> tuple:
+def tensors(qo_lens, kv_lens, *, group: int = 4, dim: int = DIM, seed: int = 0) -> tuple:
     """Random q (every request's rows), a KV cache holding every request's keys, starts."""
     gen = torch.Generator().manual_seed(seed)
     starts = [0]
@@ -219,16 +220,16 @@ def attention_error(host, device, *, block: int = 16, **plan_kw) -> dict:
             "collisions": got["collisions"], "stale_reads": got["stale_reads"]}  # fmt: skip
 
 
-def straddling_case(bs: int, block: int = 16, lag: int = 4) -> dict:
+def straddling_case(bs: int, block: int = 16, lag: int = 4, **plan_kw) -> dict:
     """A deterministic verify of ``bs`` requests whose bound plan corrupts attention: the
     host committed ``lag`` tokens behind the device, the bound ``committed + 2 * block``,
-    and a chunk boundary between device and bound for at least one request (bs 1: device
-    1020, bound 1032, chunk 128)."""
+    and a chunk boundary between device and bound for at least one request (bs 1 on an
+    H100: device 1020, bound 1032, chunk 128); ``plan_kw``: the GPU's, as :func:`plan`."""
     for base in range(1000, 8000):
         committed = [base + 613 * i for i in range(bs)]  # spread: unlike chunk counts
         device = [c + lag + block for c in committed]  # KV lengths, the verify included
         bound = [c + 2 * block for c in committed]
-        p = plan([block] * bs, bound)
+        p = plan([block] * bs, bound, **plan_kw)
         hit = [i for i in range(bs) if p.chunks(device[i]) != p.chunks(bound[i])]
         if hit:
             return {"committed": committed, "device_kv": device, "bound_kv": bound,

@@ -4,9 +4,14 @@
 * A, SGLang as shipped: the FutureMap resolves with exact host lengths (its pool D2H and
   host wait) and each verify plans from them (committed + block, as ``dflash_worker_v2``).
 * B, spec_fused's bound variant (``SPEC_FUSED_UNMEASURED=1``): the relay's caps carry a
-  ``HostBound`` whose ``arm`` arms the plan guard; resolve gives no host lengths and does not
-  wait; each verify plans from DFLASH's ``nxt_kv_lens_cpu`` = max(allocated, host committed +
-  2 x block), the host's committed lengths one step behind the device's.
+  ``HostBound`` whose ``arm`` arms the plan guard and whose ``expect`` tells it each step's
+  floor (the host's committed lengths, seeded into the batch as ``prepare_for_decode``
+  does) and how to read the exact lengths; resolve gives no host lengths and does not wait;
+  each verify plans from DFLASH's ``nxt_kv_lens_cpu`` = max(allocated, host committed +
+  2 x block), the host's committed lengths one step behind the device's. Where a chunk
+  boundary falls in a request's window the guard replans from the exact lengths, one host
+  wait: so B's claim is "host waits 2 -> 1 per step outside straddle steps", and the row
+  reports waits per step on steps without a replan apart from those with one.
 
 A step, in ``event_loop_overlap`` / ``run_batch``'s order (as ``bench/ab_loop.py``): the host
 waits for forward N-2's end (result processing), busy-loops ``--host-us`` (scheduling),
@@ -15,9 +20,11 @@ wrappers (both ``DFLASH_VERIFY`` forwards: the guard's two plans a step) are pla
 ``fast_prefill_plan`` and their graphs (``--layers`` attention calls each) replayed, then the
 new lengths are published. Steps/s come from CUDA events around each forward, in ABBA rounds
 with the counter off; a short pass with ``spec_fused.host_waits`` installed then counts each
-arm's host waits per step (its sites in the JSON). No GEMMs: the forward is attention alone.
-``--dry-run`` (CPU): the same loop on the check's stand-in device and wrapper, 3 steps an arm,
-lengths and bounds checked, waits counted, null figures.
+arm's host waits and the guard's replans step by step (sites in the JSON). No GEMMs: the
+forward is attention alone. ``--dry-run`` (CPU): the same loop on the check's stand-in device
+and wrapper (the mirror's fa2 plan: the guard checks and replans for real; a CPU relay's read
+of the exact lengths is no wait), 3 steps an arm (``COUNTED_DRY`` counted), lengths and
+bounds checked, waits counted without the stand-in's reads of its own tensors, null figures.
 Usage: ``python -m bench.flashinfer_cell --out DIR [--dry-run] [--budget-s 120]``.
 """
 
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import sys
 import time
 from types import SimpleNamespace
@@ -39,6 +47,7 @@ from spec_fused.tools.traces import TraceConfig, decode_batch, make_future_map
 
 T0 = time.monotonic()
 POOL, BLOCK, WARMUP, COUNTED, ROUNDS = 4096, 16, 20, 20, 4
+COUNTED_DRY = 10  # the dry run's counted steps: enough for windows to straddle at bs 1 and 8
 UNMEASURED = {settings.UNMEASURED.name: "1"}
 NOOP = type("NoOp", (), {"__getattr__": lambda *_: lambda *_: None})()
 DECODE = SimpleNamespace(is_decode=lambda: True)
@@ -52,9 +61,8 @@ def future_maps(device, max_bs: int, block: int) -> dict:
     measure.set_patched(True)
     with settings.overridden(UNMEASURED):
         b = make_future_map("DFLASH", TraceConfig(pool=POOL, max_len=1), device=device)
-        bound = caps.HostBound(
-            "DFLASH's own bound (flashinfer_cell)", max_bs, block, arm=flashinfer_plan.arm
-        )
+        bound = caps.HostBound("DFLASH's own bound (flashinfer_cell)", max_bs, block,
+                               arm=flashinfer_plan.arm, expect=flashinfer_plan.expect)  # fmt: skip
         b.__dict__[relay.CAPS_ATTR] = caps.decide(
             b.spec_algo, needs_cpu_seq_lens=True, host_bound=bound
         )
@@ -83,6 +91,7 @@ class Cell:
             else rigs[0].dev.event_class()
         )
         self.read_done, self.ev = event(), [event() for _ in range(2 * args.steps + 2)]
+        self.replans: dict = {}  # counted step's label: the guard's replans in it
 
     def host_lengths(self, arm: str, batch, i: int, alloc):
         """What the verify plans from: A the exact host lengths + block; B the bound, checked
@@ -113,7 +122,9 @@ class Cell:
             with torch.cuda.stream(F if on else None):
                 fm.publish(self.fi0, self.lens0)
             for i in range(steps + 1):
-                host_waits.step(arm) if count and i >= 2 else None
+                if count and i >= 2:  # a label a step: its waits apart (run_cell sorts them)
+                    host_waits.step(label := f"{arm} {i}")
+                    replans = flashinfer_plan.guard_stats()["replans"]
                 ev[2 * i - 3].synchronize() if i >= 2 else None  # results of forward i-2
                 end = time.perf_counter_ns() + host_ns
                 while time.perf_counter_ns() < end:  # the host's scheduling work
@@ -136,6 +147,8 @@ class Cell:
                     new = batch.seq_lens + self.accept
                     fm.publish(fi, new)
                     ev[2 * i + 1].record()
+                if count and i >= 2:
+                    self.replans[label] = flashinfer_plan.guard_stats()["replans"] - replans
                 S.wait_event(self.read_done)
                 keep.append((batch, new))
         host_waits.step("tail") if count else None  # the drain and checks below are not a step's
@@ -181,17 +194,13 @@ def run_cell(cell, fms, args) -> dict:
     host_waits.install(on_device=on_device, extra=extra, every=1 << 30)
     try:
         for arm in "AB":
-            cell.block(fms, arm, 3 if args.dry_run else COUNTED, count=True)
+            cell.block(fms, arm, COUNTED_DRY if args.dry_run else COUNTED, count=True)
         counted = host_waits.stats()
     finally:
         host_waits.uninstall()
     guard = flashinfer_plan.guard_stats()
-    row["host_waits_per_step"] = {a: counted[a]["per_step"] for a in "AB"}
-    row["host_wait_sites"] = {a: counted[a]["sites"] for a in "AB"}
-    row["guard"] = {
-        "plans": guard["plans"] - plans0["plans"],
-        "waits": guard["waits"] - plans0["waits"],
-    }
+    row.update(waits_by_step(counted, cell.replans, "" if cell.cuda else "flashinfer_check.py:"))
+    row["guard"] = {k: guard[k] - plans0[k] for k in ("plans", "waits", "replans")}
     if cell.cuda:
         med = harness.median
         ratios = [b[0] / a[0] for a, b in zip(samples["A"], samples["B"])]
@@ -201,6 +210,29 @@ def run_cell(cell, fms, args) -> dict:
     return row
 
 
+def waits_by_step(counted: dict, replans: dict, drop: str = "") -> dict:
+    """Per arm, from one ``host_waits`` label a step: host waits per step over every counted
+    step, over the steps the guard did not replan and over those it did (a straddle: its
+    read of the exact lengths), the straddle steps, the guard's replans per step, the sites;
+    ``drop``: a site prefix not counted (the stand-in's reads of its own host tensors)."""
+    out: dict = {k: {} for k in ("host_waits_per_step", "host_waits_per_step_outside_straddles",
+                                 "host_waits_per_step_on_straddles", "straddle_steps",
+                                 "replans_per_step", "host_wait_sites")}  # fmt: skip
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    for arm in "AB":
+        steps = {k: {s: n for s, n in v["sites"].items() if not drop or drop not in s}
+                 for k, v in counted.items() if k.split()[0] == arm}  # fmt: skip
+        waits = {k: sum(v.values()) for k, v in steps.items()}
+        on = [w for k, w in waits.items() if replans.get(k, 0)]
+        off = [w for k, w in waits.items() if not replans.get(k, 0)]
+        sites = sum((collections.Counter(v) for v in steps.values()), collections.Counter())
+        per_step = mean([replans.get(k, 0) for k in steps])
+        for key, value in zip(out, (mean(on + off), mean(off), mean(on), len(on), per_step)):
+            out[key][arm] = value
+        out["host_wait_sites"][arm] = dict(sites)
+    return out
+
+
 def run(args) -> dict:
     """Every concurrency's row, and the plan; what ``bench/ab_loop.py --flashinfer`` adds."""
     cuda = torch.cuda.is_available() and not args.dry_run
@@ -208,26 +240,27 @@ def run(args) -> dict:
     fast_prefill_plan, source = fc.load_fast_prefill_plan()
     guarded = flashinfer_plan.guarded(fast_prefill_plan)  # what the plugin installs at import
     dev = None if cuda else fc.StandinDevice()
-    saved = flashinfer_plan._event
-    if dev is not None:
-        flashinfer_plan._event = dev.event_class()
     rows, fms = [], future_maps(device, max(args.concurrency), BLOCK)
-    try:
-        for bs in args.concurrency:
-            rigs = make_rigs(device, bs, args, fast_prefill_plan, dev)
-            cell = Cell(device, bs, args, rigs, {"A": fast_prefill_plan, "B": guarded})
-            rows.append(run_cell(cell, fms, args))
-            print(f"flashinfer_cell [{time.monotonic() - T0:6.1f} s] {rows[-1]}", file=sys.stderr)
-            del cell
-    finally:
-        flashinfer_plan._event = saved
-        measure.set_patched(False)
+    with contextlib.nullcontext() if cuda else fc.standin(dev):
+        try:
+            for bs in args.concurrency:
+                rigs = make_rigs(device, bs, args, fast_prefill_plan, dev)
+                cell = Cell(device, bs, args, rigs, {"A": fast_prefill_plan, "B": guarded})
+                rows.append(run_cell(cell, fms, args))
+                print(f"flashinfer_cell [{time.monotonic() - T0:6.1f} s] {rows[-1]}",
+                      file=sys.stderr)  # fmt: skip
+                del cell
+        finally:
+            flashinfer_plan.expect(None)  # B's last step's floor: no later plan's
+            measure.set_patched(False)
     est = 30 + len(args.concurrency) * (WARMUP + COUNTED + ROUNDS * args.steps) * 2 * 2e-3
     return {"source": source, "rows": rows, "plan": {
         "arms": {"A": "SGLang as shipped: exact host lengths (pool D2H + host wait), plans "
                       "from committed + block", "B": "spec_fused's bound variant "
                       "(SPEC_FUSED_UNMEASURED=1): no host lengths, no wait; plans from "
-                      "max(allocated, host committed + 2 x block), guard armed"},
+                      "max(allocated, host committed + 2 x block), guard armed and told each "
+                      "step's floor (a straddle replans from exact lengths: one wait)"},
+        "expect": "host waits per step 2 (A) -> 1 (B) outside straddle steps",
         "concurrency": args.concurrency, "block": BLOCK, "layers": args.layers,
         "steps": args.steps, "rounds": ROUNDS, "warmup": WARMUP, "counted_steps": COUNTED,
         "host_us": args.host_us, "estimated_device_s": round(est, 1)}}  # fmt: skip
@@ -257,9 +290,12 @@ def main(argv=None) -> int:
                    versions=harness.versions(device),
                    config={"wall_s": round(time.monotonic() - T0, 1)})  # fmt: skip
     show = [dict(r, **{f"{a}/s": (r.get("steps_per_s") or {}).get(a) for a in "AB"},
-                 **{f"waits {a}": r["host_waits_per_step"][a] for a in "AB"})
+                 **{f"waits {a}": r["host_waits_per_step_outside_straddles"][a] for a in "AB"},
+                 **{"waits B straddle": r["host_waits_per_step_on_straddles"]["B"],
+                    "replans B/step": r["replans_per_step"]["B"]})
             for r in payload["rows"]]  # fmt: skip
-    cols = ["concurrency", "A/s", "B/s", "b_over_a", "waits A", "waits B", "guard"]
+    cols = ["concurrency", "A/s", "B/s", "b_over_a", "waits A", "waits B", "waits B straddle",
+            "replans B/step", "guard"]  # fmt: skip
     out = harness.results_dir(device, args.out)
     rows, xs = payload["rows"], args.concurrency
     series = {f"{a}: steps/s": (xs, [r.get("steps_per_s", {}).get(a) for r in rows]) for a in "AB"}

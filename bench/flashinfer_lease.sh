@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The FlashInfer lease of issue 38 (item 5), one device command on an H100/H200: install the
-# carry (bench/flashinfer_carry.sh) into /tmp, then, each under its own `timeout`:
+# The FlashInfer lease of issues 38 and 41 (item 5), one device command on an H100/H200: install
+# the carry (bench/flashinfer_carry.sh) into /tmp, then, each under its own `timeout`:
 #   probe  import flashinfer, tvm_ffi and SGLang's overlap_utils from the carry;
-#   check  bench/flashinfer_check.py: bound plans against exact plans through SGLang's real
-#          fast_prefill_plan, and the pinned-buffer race without and with the guard;
+#   check  bench/flashinfer_check.py, through SGLang's real fast_prefill_plan: two straddle
+#          cases exact / bound unguarded (must be a mismatch) / bound guarded (must be clean,
+#          replanned), the grid through the guard (clean), the mirror's chunk against the
+#          real plan's, the pinned-buffer race without and with the guard; rc 1 unless all hold;
 #   cell   bench/flashinfer_cell.py: the DFLASH + FlashInfer loop A/B, SGLang's relay (A)
-#          against the bound variant (B), steps/s and host waits per step.
+#          against the bound variant (B), steps/s, host waits per step outside straddle steps
+#          and on them, the guard's replans per step.
 # It prints the lease plan in minutes first and stays within 11 of the 15 a session has, so
 # one rerun fits. Without a visible CUDA device it refuses (exit 3) unless --dry-run, which
 # runs the check's and the cell's CPU versions (stand-in device, CUDA hidden) and lists the

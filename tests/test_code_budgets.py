@@ -49,7 +49,14 @@ def test_the_package_and_its_tools_stay_within_their_budgets():
     # 3,800 until issue 41: bench/fa2_split.py (~300), the Python mirror of FlashInfer's fa2
     # split-KV plan, kernel layout and merge that the partition guard's tests run and the
     # design doc's straddle table comes from; FlashInfer ships no such model.
-    assert _lines((ROOT / "bench").rglob("*.py")) <= 4_150
+    # 4,150 until issue 41 item 5: the GPU check with teeth (flashinfer_check.py ~+170: the
+    # straddle cases three ways, threshold verdicts on every error, the mirror's chunk held
+    # to the real plan's, and the stand-in fa2 the dry run and the guard's tests compute
+    # attention through, moved from tests/support): without them the lease could not fail.
+    # 4,300 until its cell part: B tells the guard each step's floor, and the cell reports
+    # host waits per step apart on straddle steps and replans per step (flashinfer_cell.py
+    # ~+35), so "2 -> 1 outside straddle steps" is what it measures.
+    assert _lines((ROOT / "bench").rglob("*.py")) <= 4_350
 
 
 def test_no_module_or_class_outgrows_its_budget():

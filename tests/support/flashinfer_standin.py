@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
-from bench.flashinfer_check import StandinDevice
+from bench.flashinfer_check import StandinDevice, StandinFa2, max_err
 from spec_fused.integration import code_check
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
@@ -85,49 +85,31 @@ def wrapper(gpu: Gpu, name: str, bs: int = 2):
     return w
 
 
-class Fa2Model:
-    """FlashInfer 0.7.2's fa2 behind a wrapper, as ``bench/fa2_split.py`` mirrors it: its
-    ``plan`` partitions from the host lengths it is handed (``kv_indptr``, as the C++
-    reads them), writes the plan's id and ``kv_chunk_size`` into the pinned buffer and
-    returns a ``PrefillPlanInfo`` pointing at them; the copy into the device workspace is
-    queued on the :class:`Gpu`. :meth:`attention` is the captured kernel and merge: it runs
-    the plan the device workspace holds on the device's lengths."""
+class Fa2Model(StandinFa2):
+    """bench's stand-in fa2 (:class:`bench.flashinfer_check.StandinFa2`: the mirror's plan
+    into the pinned buffer, its copy queued on the :class:`Gpu`, the kernel on the plan the
+    device workspace holds) behind one wrapper, its attention held to the reference."""
 
     QO_HEADS, KV_HEADS = 32, 8  # Llama-3-8B's: the partition's work cap is 2 * 132 / 8
 
     def __init__(self, gpu: Gpu):
-        self.gpu, self.plans = gpu, []
+        super().__init__(gpu)
+        self.gpu = gpu
 
     def wrapper(self, bs: int):
         w = wrapper(self.gpu, "verify", bs)
-        w._int_workspace_buffer = torch.zeros(16, dtype=torch.uint8)
-        w._pin_memory_int_workspace_buffer = torch.zeros(16, dtype=torch.uint8)
+        w._int_workspace_buffer = torch.zeros(self.BYTES, dtype=torch.uint8)
+        w._pin_memory_int_workspace_buffer = torch.zeros(self.BYTES, dtype=torch.uint8)
         w._paged_kv_indices_buf = torch.zeros(1 << 16, dtype=torch.int32)
-        w._cached_module = SimpleNamespace(plan=self._plan)
+        w._cached_module = SimpleNamespace(plan=self.plan)
         return w
 
-    def _plan(self, float_ws, int_ws, pinned, qo_host, kv_indptr_host, kv_lens, rows, *rest):
-        from bench import fa2_split
-
-        p = fa2_split.plan(qo_host.diff().tolist(), kv_indptr_host.diff().tolist(),
-                           num_qo_heads=self.QO_HEADS, num_kv_heads=self.KV_HEADS,
-                           max_total_num_rows=rows)  # fmt: skip
-        self.plans.append(p)
-        pinned.view(torch.int32)[:2] = torch.tensor([len(self.plans) - 1, p.chunk])
-        self.gpu.later(lambda: int_ws.copy_(pinned))  # cudaMemcpyAsync, no sync
-        return [p.padded_batch_size, rows, 0, p.tile_q, 0, 0, 0, 0, 0, 4, 0, 0, 0, 1, p.split_kv]
-
     def attention(self, w, device_kv: list, block: int) -> dict:
-        """The verify's attention from the plan the device holds, on the device lengths:
-        its error against the reference in one piece (``bench.fa2_split.run``)."""
-        from bench import fa2_split
-
-        p = self.plans[int(w._int_workspace_buffer.view(torch.int32)[0])]
-        qo = [block] * len(device_kv)
-        q, k, v, starts = fa2_split.tensors(qo, device_kv, group=p.group)
-        got = fa2_split.run(p, device_kv, q, k, v, starts)["out"]
-        return {"chunk": p.chunk, "max_err": float((got - fa2_split.reference(
-            qo, device_kv, q, k, v, starts)).abs().max())}  # fmt: skip
+        """The verify's attention from the plan the device holds, on the device lengths: its
+        chunk, its error against the reference in one piece."""
+        p, got = self.kernel(w._int_workspace_buffer, device_kv, block)
+        want = self.reference(device_kv, block, p.group)
+        return {"chunk": p.chunk, "max_err": max_err(got, want)}
 
 
 def plan_step(fast_prefill_plan, w, kv_lens: torch.Tensor, width: int = 4, heads=(8, 8)) -> None:

@@ -169,15 +169,19 @@ def test_a_row_pairs_each_round_and_the_plot_draws(tmp_path):
 
 def test_the_flashinfer_cell_runs_beside_the_loop_and_counts_one_wait_less(tmp_path):
     """``--flashinfer``: the DFLASH + FlashInfer cell (bench/flashinfer_cell.py) on SGLang's
-    real FutureMap and SGLang's own fast_prefill_plan, here on its stand-in device: SGLang's
-    step waits once more per step than the bound variant's (the FutureMap's resolve), and
-    the guard never waits."""
+    real FutureMap and SGLang's own fast_prefill_plan, here on its stand-in device: outside
+    straddle steps SGLang's step waits once more than the bound variant's (the FutureMap's
+    resolve), the guard never waits for a copy, and it replans B's straddle steps (A's plan
+    is SGLang's, unguarded)."""
     with contextlib.redirect_stdout(io.StringIO()):
         argv = ["--dry-run", "--flashinfer", "--concurrency", "1,8", "--out", str(tmp_path)]
         assert ab_loop.main(argv) == 0
     cell = json.loads((tmp_path / "ab_loop.json").read_text())["flashinfer"]
     assert [row["concurrency"] for row in cell["rows"]] == [1, 8]
     for row in cell["rows"]:
-        waits = row["host_waits_per_step"]
+        waits = row["host_waits_per_step_outside_straddles"]
         assert waits["A"] - waits["B"] == 1, row
         assert row["guard"]["plans"] > 0 and row["guard"]["waits"] == 0, row
+        assert row["replans_per_step"]["A"] == 0 and row["straddle_steps"]["A"] == 0, row
+    straddled = [row for row in cell["rows"] if row["straddle_steps"]["B"]]
+    assert straddled and all(row["guard"]["replans"] > 0 for row in straddled)
