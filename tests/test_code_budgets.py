@@ -36,7 +36,9 @@ def test_the_package_and_its_tools_stay_within_their_budgets():
     # and time budget (~110 lines in timing.py and selftest.py).
     # 1,500 until issue 38: impact.py's DFLASH + FlashInfer row (host waits 2 -> 1 where
     # the release plans DFLASH from host lengths) and doctor's line for it.
-    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_530
+    # 1,530 until issue 41: doctor's FlashInfer row (whether DFLASH's bound may plan the
+    # installed FlashInfer), which the issue asks for.
+    assert _lines(p for p in SOURCES if "tools" in p.relative_to(PACKAGE).parts) <= 1_560
     assert _lines([PACKAGE / "kernels" / "publish_gather.py"]) <= 250
     # 2,500 until issue 37: the pytest-benchmark kernel sweep (test_kernel_bench.py and
     # its conftest, ~150) the issue brings back, the carry's one size check (carry.py,

@@ -77,6 +77,7 @@ __all__ = [
     "FLASHINFER_READ",
     "arm",
     "expect",
+    "flashinfer_refusal",
     "guard_stats",
     "guarded",
     "host_bound",
@@ -281,8 +282,8 @@ def _host_bound(sched) -> HostBound | str:
         return f"{type(worker).__name__} is not SGLang's DFLASH worker ({WORKER})"
     if (why := _untested_code()) is not None:
         return why
-    if (version := flashinfer_version()) not in FLASHINFER_READ:
-        return f"FlashInfer {version}: its fa2 split-KV layout was read for {FLASHINFER_READ} only"
+    if (why := flashinfer_refusal(version := flashinfer_version())) is not None:
+        return why
     if getattr(worker, "draft_window_size", None) is not None:
         return "a draft window (compact draft cache): its host bound omits the window's block"
     if getattr(args, "enable_two_batch_overlap", False):
@@ -299,6 +300,15 @@ def _host_bound(sched) -> HostBound | str:
         arm=arm,
         expect=expect,
     )
+
+
+def flashinfer_refusal(version: Optional[str]) -> Optional[str]:
+    """Why DFLASH's bound may not plan FlashInfer ``version``, or None: the partition guard
+    reads the plan layout of the versions in :data:`FLASHINFER_READ` only."""
+    if version in FLASHINFER_READ:
+        return None
+    read = ", ".join(FLASHINFER_READ)
+    return f"FlashInfer {version}: its fa2 split-KV layout was read for {read} only"
 
 
 def flashinfer_version() -> Optional[str]:

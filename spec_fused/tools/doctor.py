@@ -52,16 +52,12 @@ def versions() -> dict:
 
 
 def flashinfer_verdict(installed: str) -> str:
-    """The FlashInfer installed, and whether DFLASH's bound may plan it: only a version
-    whose fa2 split-KV layout was read for the partition guard."""
-    from spec_fused.integration.flashinfer_plan import FLASHINFER_READ
+    """The FlashInfer installed, and whether DFLASH's bound may plan it (issue 41)."""
+    from spec_fused.integration.flashinfer_plan import flashinfer_refusal
 
-    if installed == "not installed":
-        return installed
-    if installed in FLASHINFER_READ:
-        return f"{installed} (fa2 split-KV layout read: DFLASH's bound may plan it, guarded)"
-    read = ", ".join(FLASHINFER_READ)
-    return f"{installed} (fa2 layout not read, only {read}: DFLASH keeps exact host lengths)"
+    if installed == "not installed" or (why := flashinfer_refusal(installed)) is None:
+        return installed + ("" if installed == "not installed" else " (DFLASH's bound may plan it)")
+    return f"{installed} ({why}: DFLASH keeps exact host lengths)"
 
 
 def plugin_checks() -> list[tuple[str, bool, str]]:

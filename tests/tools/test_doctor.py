@@ -159,7 +159,7 @@ def test_a_broken_probe_is_reported_not_raised(monkeypatch):
 
 def test_the_flashinfer_row_says_whether_dflashs_bound_may_plan_it():
     """Only a FlashInfer whose fa2 split-KV layout was read serves the bound (issue 41)."""
-    assert "may plan it" in doctor.flashinfer_verdict("0.7.2")
+    assert doctor.flashinfer_verdict("0.7.2") == "0.7.2 (DFLASH's bound may plan it)"
     assert "DFLASH keeps exact host lengths" in doctor.flashinfer_verdict("0.7.4")
     assert doctor.flashinfer_verdict("not installed") == "not installed"
     assert doctor.versions()["flashinfer"] == "not installed"  # this machine's
