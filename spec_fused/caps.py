@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Literal, Optional, cast
 
 from spec_fused import settings, upstream
@@ -104,16 +105,15 @@ class BoundStep:
     committed: Any  # int64 CPU tensor, one per request
     window: int
     read: Callable[[], Any]  # -> the device lengths (int64, on the host)
-    _read: list = field(default_factory=list, compare=False)  # one read serves every plan
 
     @property
     def lower(self):
         return self.committed + self.window
 
+    @cached_property
     def exact(self):
-        if not self._read:
-            self._read.append(self.read() + self.window)
-        return self._read[0]
+        """Read once, when a plan first asks: one wait serves the step's every plan."""
+        return self.read() + self.window
 
 
 @dataclass(frozen=True)

@@ -277,14 +277,10 @@ def test_the_private_stream_is_none_of_sglangs_and_high_priority(patched):
     assert relay.relay_stream.priority < 0
 
 
-def test_a_mixed_chunk_landing_is_gated_on_the_publish_not_the_forward(patched):
-    """The pending publish of a mixed-chunk step lands on the private stream behind
-    ``publish_ready``: the event completes at the publish point while the forward's long
-    tail (and the schedule stream, which waits for all of it) is still running."""
-    cfg = TraceConfig(pool=64)
-    schedule, forward = torch.cuda.Stream(), torch.cuda.Stream()
-    fm = make_future_map("EAGLE", cfg, device=DEV)
-    idx = torch.tensor([1, 2], device=DEV)
+def _publish_mid_forward(fm, forward, slots):
+    """Forward N on ``forward``: its publish of ``slots`` (lengths slot + 10) early, then a
+    long tail (~1 s); the event that the forward has ended."""
+    idx = torch.tensor(slots, device=DEV)
     torch.cuda.synchronize()
     with torch.cuda.stream(forward):
         torch.cuda._sleep(1_000_000)
@@ -292,6 +288,17 @@ def test_a_mixed_chunk_landing_is_gated_on_the_publish_not_the_forward(patched):
         torch.cuda._sleep(2_000_000_000)  # the forward's long tail (~1 s)
         done = torch.cuda.Event()
         done.record()
+    return done
+
+
+def test_a_mixed_chunk_landing_is_gated_on_the_publish_not_the_forward(patched):
+    """The pending publish of a mixed-chunk step lands on the private stream behind
+    ``publish_ready``: the event completes at the publish point while the forward's long
+    tail (and the schedule stream, which waits for all of it) is still running."""
+    cfg = TraceConfig(pool=64)
+    schedule, forward = torch.cuda.Stream(), torch.cuda.Stream()
+    fm = make_future_map("EAGLE", cfg, device=DEV)
+    done = _publish_mid_forward(fm, forward, [1, 2])
     schedule.wait_stream(forward)  # the coarse WAR barrier: all of the forward
     with torch.cuda.stream(schedule):
         fm.resolve_seq_lens_cpu(SimpleNamespace(spec_info=None))  # a mixed-chunk step
@@ -315,14 +322,7 @@ def test_a_bound_steps_exact_read_waits_for_the_publish_not_the_forward(patched)
     fm.__dict__[relay_mod.CAPS_ATTR] = decide(
         "DFLASH", needs_cpu_seq_lens=True, env={}, host_bound=bound
     )
-    idx = torch.tensor([1, 2], device=DEV)
-    torch.cuda.synchronize()
-    with torch.cuda.stream(forward):
-        torch.cuda._sleep(1_000_000)
-        fm.publish(idx, idx + 10)
-        torch.cuda._sleep(2_000_000_000)  # the forward's long tail (~1 s)
-        done = torch.cuda.Event()
-        done.record()
+    done = _publish_mid_forward(fm, forward, [1, 2])
     batch = decode_batch([1, 2], cfg, device=DEV)
     batch.forward_mode = SimpleNamespace(is_decode=lambda: True)
     batch.seq_lens_cpu = torch.tensor([9, 10])  # the host's committed lengths
@@ -330,7 +330,7 @@ def test_a_bound_steps_exact_read_waits_for_the_publish_not_the_forward(patched)
         fm.resolve_seq_lens_cpu(batch)
     assert batch.seq_lens_cpu is None and steps[-1] is not None
     with torch.cuda.stream(forward):  # where the plan runs
-        assert steps[-1].exact().tolist() == [15, 16]
+        assert steps[-1].exact.tolist() == [15, 16]
     assert not done.query(), "the exact read waited for the forward"
     assert steps[-1].lower.tolist() == [13, 14]
     torch.cuda.synchronize()

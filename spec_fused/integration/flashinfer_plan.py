@@ -132,7 +132,7 @@ def guarded(original):
             step = _state["step"]
             if step is not None and _disagrees(self, kwargs, step.lower):
                 _state["replans"] += 1
-                original(self, *args, **_exact(kwargs, step.exact()))
+                original(self, *args, **_exact(kwargs, step.exact))
         finally:  # also when it raised: an event after nothing is harmless
             ring.recorded(i)
 

@@ -127,7 +127,7 @@ def test_a_covered_step_tells_its_plans_the_floor_and_reads_exact_lengths_in_res
     assert none is None and step.lower.tolist() == [13, 24]
     ops.log.clear()
     with ops.on(ops.forward):  # where the plan runs
-        assert step.exact().tolist() == [14, 24]
+        assert step.exact.tolist() == [14, 24]
     assert ops.log == [("host", "reads back after", "schedule")]
 
 
