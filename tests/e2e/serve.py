@@ -139,11 +139,12 @@ def run_arm(name: str, arm: str, models: dict, root: Path) -> dict:
 
 
 def _free_port() -> int:
-    import socket
+    """A free port below the kernel's ephemeral range, by SGLang's own helper: a bind(0)
+    port lies in that range, where the other engine's outgoing connections may take it
+    before this engine's TCPStore listens (seen: EADDRINUSE on a tp=2 start)."""
+    from sglang.srt.utils.network import get_free_port_below_ephemeral
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return get_free_port_below_ephemeral()
 
 
 def serve(out: Path, items, models: dict, root: Path) -> None:
